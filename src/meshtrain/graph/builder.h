@@ -1,0 +1,59 @@
+// Builder: the API model code, backward rules and passes use to append nodes. It runs each op's
+// shape inference (so a bad shape fails where the model asked for it, naming the scope), and
+// stamps nodes with the current module scope and phase.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "meshtrain/graph/ir.h"
+#include "meshtrain/graph/op_registry.h"
+
+namespace meshtrain {
+
+class Builder {
+ public:
+  explicit Builder(Graph& graph, NodePhase phase = NodePhase::kForward);
+
+  Graph& graph() { return graph_; }
+  const TensorMeta& meta(ValueId v) const { return graph_.value(v).meta; }
+  const Shape& shape(ValueId v) const { return graph_.value(v).meta.shape; }
+  DType dtype(ValueId v) const { return graph_.value(v).meta.dtype; }
+
+  // Graph inputs and persistent values (not produced by any node).
+  ValueId input(const std::string& name, TensorMeta meta);
+  ValueId persistent(const std::string& name, TensorMeta meta, ValueRole role);
+
+  // Appends one node; returns all outputs / the single output.
+  std::vector<ValueId> op(const std::string& name, std::vector<ValueId> inputs, Attrs attrs = {});
+  ValueId op1(const std::string& name, std::vector<ValueId> inputs, Attrs attrs = {});
+  // The node the last op() call appended.
+  NodeId last_node() const { return last_node_; }
+
+  // RAII module scope: `auto s = b.scope("layers.0"); ... b.scope("attention")` -> "layers.0.attention".
+  class ScopeGuard {
+   public:
+    ScopeGuard(Builder& b, const std::string& part);
+    ~ScopeGuard();
+    ScopeGuard(const ScopeGuard&) = delete;
+    ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+   private:
+    Builder& b_;
+    std::string saved_;
+  };
+  [[nodiscard]] ScopeGuard scope(const std::string& part) { return ScopeGuard(*this, part); }
+  const std::string& current_scope() const { return scope_; }
+  void set_scope(std::string s) { scope_ = std::move(s); }
+
+  NodePhase phase() const { return phase_; }
+  void set_phase(NodePhase p) { phase_ = p; }
+
+ private:
+  Graph& graph_;
+  NodePhase phase_;
+  std::string scope_;
+  NodeId last_node_ = kNoNode;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,62 @@
+// Executor: binds every value of a planned graph to memory once (one arena allocation, one input
+// region, persistent tensors bound by their owners), resolves each node's kernel once, then runs
+// the schedule every step without allocating. Cross-stream order is kept with events computed at
+// prepare time (producer->consumer edges and arena reuse across streams).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "meshtrain/graph/memory_plan.h"
+#include "meshtrain/graph/op_registry.h"
+
+namespace meshtrain {
+
+// Optional per-node timing hook (the profiler): called around each node with the node's stream.
+class NodeObserver {
+ public:
+  virtual ~NodeObserver() = default;
+  virtual void before(const Node& node, Stream& stream) = 0;
+  virtual void after(const Node& node, Stream& stream) = 0;
+};
+
+class Executor {
+ public:
+  Executor(const Graph& graph, MemoryPlan plan, Backend& backend, ExecServices* services);
+  ~Executor();
+
+  // Persistent values (parameters, gradients, state) must be bound before prepare().
+  void bind(ValueId v, Tensor t);
+  void prepare();
+  void run();
+
+  // The tensor a value is bound to (inputs to fill, outputs to read). Valid after prepare().
+  const Tensor& tensor(ValueId v) const;
+  const Graph& graph() const { return graph_; }
+  const MemoryPlan& plan() const { return plan_; }
+  Backend& backend() { return backend_; }
+  void set_observer(NodeObserver* obs) { observer_ = obs; }
+
+ private:
+  struct Step {
+    NodeId node;
+    KernelFn fn;
+    KernelContext ctx;
+    std::vector<Event*> waits;  // events this node's stream waits on before running
+    Event* done = nullptr;      // recorded after the node when another stream depends on it
+  };
+  const Graph& graph_;
+  MemoryPlan plan_;
+  Backend& backend_;
+  ExecServices* services_;
+  NodeObserver* observer_ = nullptr;
+  std::vector<Tensor> tensors_;
+  std::shared_ptr<Storage> arena_;
+  std::shared_ptr<Storage> inputs_;
+  std::vector<Step> steps_;
+  std::vector<std::unique_ptr<Event>> events_;
+  bool prepared_ = false;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,54 @@
+// Op and kernel tables.
+#include "meshtrain/graph/op_registry.h"
+
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+
+OpRegistry& OpRegistry::instance() {
+  static OpRegistry r;
+  return r;
+}
+
+void OpRegistry::add_op(OpDef def) {
+  MT_CHECK(!def.name.empty() && def.infer, "op definitions need a name and shape inference");
+  MT_CHECK(ops_.count(def.name) == 0, "op {} registered twice", def.name);
+  std::string name = def.name;
+  ops_.emplace(std::move(name), std::move(def));
+}
+
+const OpDef& OpRegistry::op(const std::string& name) const {
+  auto it = ops_.find(name);
+  MT_CHECK(it != ops_.end(), "unknown op '{}'", name);
+  return it->second;
+}
+
+std::vector<std::string> OpRegistry::op_names() const {
+  std::vector<std::string> names;
+  for (auto& [k, v] : ops_) names.push_back(k);
+  return names;
+}
+
+void OpRegistry::add_kernel(const std::string& op, DeviceType device, KernelFn fn) {
+  add_kernel_factory(op, device, [fn](const Node&, const Graph&) { return fn; });
+}
+
+void OpRegistry::add_kernel_factory(const std::string& op, DeviceType device,
+                                    KernelFactory factory) {
+  auto key = std::make_pair(op, device);
+  MT_CHECK(kernels_.count(key) == 0, "kernel for op {} registered twice", op);
+  kernels_.emplace(key, std::move(factory));
+}
+
+bool OpRegistry::has_kernel(const std::string& op, DeviceType device) const {
+  return kernels_.count({op, device}) > 0;
+}
+
+KernelFn OpRegistry::make_kernel(const Node& node, const Graph& graph, DeviceType device) const {
+  auto it = kernels_.find({node.op, device});
+  MT_CHECK_T(ValueError, it != kernels_.end(), "op '{}' has no kernel for the {} backend",
+             node.op, device == DeviceType::kCPU ? "cpu" : "cuda");
+  return it->second(node, graph);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,99 @@
+// The op registry: every op's definition (shape inference, backward rule, workspace, flags) and
+// its kernels per device type. Op families register themselves from src/meshtrain/ops/ with
+// MT_REGISTER_OPS; graph code (builder, autodiff, executor) finds them here by name only.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "meshtrain/graph/ir.h"
+#include "meshtrain/runtime/backend.h"
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain {
+
+class Builder;
+class Communicator;
+
+// What a backward rule sees: the forward node, the gradients of its outputs (kNoValue where an
+// output has no gradient) and which inputs need one. It returns one entry per input.
+struct GradContext {
+  Builder& b;
+  const Node& node;
+  const std::vector<ValueId>& grad_outputs;
+  const std::vector<bool>& needs_grad;
+  ValueId in(int i) const { return node.inputs.at(size_t(i)); }
+  ValueId out(int i) const { return node.outputs.at(size_t(i)); }
+  ValueId grad_out(int i) const { return grad_outputs.at(size_t(i)); }
+  const Attrs& attrs() const { return node.attrs; }
+};
+
+using InferFn = std::function<std::vector<TensorMeta>(const std::vector<TensorMeta>& inputs,
+                                                      const Attrs& attrs)>;
+using BackwardFn = std::function<std::vector<ValueId>(GradContext& ctx)>;
+using WorkspaceFn = std::function<size_t(const std::vector<TensorMeta>& inputs,
+                                         const std::vector<TensorMeta>& outputs,
+                                         const Attrs& attrs, DeviceType device)>;
+
+struct OpDef {
+  std::string name;
+  InferFn infer;
+  BackwardFn backward;       // empty: not differentiable (its inputs get no gradient)
+  WorkspaceFn workspace;     // empty: no scratch memory
+  int view_of_input = -1;    // >= 0: output 0 is a view of that input's memory (no copy)
+  bool side_effect = false;  // writes persistent inputs in place; never removed as dead code
+  bool collective = false;   // communicates; runs on the stream of its mesh group
+};
+
+// Services a kernel may call: the communicator of a named mesh group.
+class ExecServices {
+ public:
+  virtual ~ExecServices() = default;
+  virtual Communicator& comm(const std::string& group) = 0;
+  virtual Backend& backend() = 0;
+};
+
+struct KernelContext {
+  const Node* node = nullptr;
+  std::vector<Tensor> in;
+  std::vector<Tensor> out;
+  Tensor workspace;
+  Stream* stream = nullptr;
+  ExecServices* services = nullptr;
+  const Attrs& attrs() const { return node->attrs; }
+};
+
+using KernelFn = std::function<void(KernelContext&)>;
+// Runs once when the executor prepares the graph; returns the function called every step.
+using KernelFactory = std::function<KernelFn(const Node& node, const Graph& graph)>;
+
+class OpRegistry {
+ public:
+  static OpRegistry& instance();
+  void add_op(OpDef def);
+  const OpDef& op(const std::string& name) const;
+  bool has_op(const std::string& name) const { return ops_.count(name) > 0; }
+  std::vector<std::string> op_names() const;
+
+  void add_kernel(const std::string& op, DeviceType device, KernelFn fn);
+  void add_kernel_factory(const std::string& op, DeviceType device, KernelFactory factory);
+  bool has_kernel(const std::string& op, DeviceType device) const;
+  KernelFn make_kernel(const Node& node, const Graph& graph, DeviceType device) const;
+
+ private:
+  std::map<std::string, OpDef> ops_;
+  std::map<std::pair<std::string, DeviceType>, KernelFactory> kernels_;
+};
+
+}  // namespace meshtrain
+
+#define MT_REGISTER_CONCAT_(a, b) a##b
+#define MT_REGISTER_CONCAT(a, b) MT_REGISTER_CONCAT_(a, b)
+// MT_REGISTER_OPS { OpRegistry::instance().add_op(...); }  — runs at static-initialisation time.
+#define MT_REGISTER_OPS                                                                   \
+  static void MT_REGISTER_CONCAT(mt_register_, __LINE__)();                               \
+  static const bool MT_REGISTER_CONCAT(mt_registered_, __LINE__) =                        \
+      (MT_REGISTER_CONCAT(mt_register_, __LINE__)(), true);                               \
+  static void MT_REGISTER_CONCAT(mt_register_, __LINE__)()

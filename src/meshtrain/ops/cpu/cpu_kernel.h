@@ -1,0 +1,23 @@
+// Helpers shared by CPU reference kernels: typed pointers from a KernelContext, with the op
+// layer having checked shapes and dtypes already.
+#pragma once
+
+#include "meshtrain/graph/op_registry.h"
+
+namespace meshtrain::cpu {
+
+template <typename T> const T* in_ptr(const KernelContext& c, int i) {
+  return static_cast<const T*>(c.in.at(size_t(i)).raw());
+}
+template <typename T> T* out_ptr(const KernelContext& c, int i) {
+  return static_cast<T*>(c.out.at(size_t(i)).raw());
+}
+// Kernels that write persistent inputs in place (accumulate, optimizer updates).
+template <typename T> T* inout_ptr(const KernelContext& c, int i) {
+  return static_cast<T*>(c.in.at(size_t(i)).raw());
+}
+inline void add_cpu_kernel(const std::string& op, KernelFn fn) {
+  OpRegistry::instance().add_kernel(op, DeviceType::kCPU, std::move(fn));
+}
+
+}  // namespace meshtrain::cpu

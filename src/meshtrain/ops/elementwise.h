@@ -1,0 +1,24 @@
+// Elementwise and structural ops: fill, add, mul, scale, cast, reshape (a view), sum, and the
+// in-place accumulate used for gradient accumulation. Same-shape only: broadcasting patterns the
+// models need are fused into their own ops.
+#pragma once
+
+#include "meshtrain/graph/builder.h"
+
+namespace meshtrain::ops {
+
+ValueId fill(Builder& b, const Shape& shape, DType dtype, double value);
+ValueId add(Builder& b, ValueId x, ValueId y);
+ValueId mul(Builder& b, ValueId x, ValueId y);
+ValueId scale(Builder& b, ValueId x, double factor);
+// Identity (no node) when x already has `dtype`.
+ValueId cast(Builder& b, ValueId x, DType dtype);
+ValueId reshape(Builder& b, ValueId x, const Shape& shape);
+// Sum of all elements to a [1] tensor (accumulates in double on CPU).
+ValueId sum(Builder& b, ValueId x);
+// Broadcast a [1] tensor to `shape` (the backward of sum).
+ValueId expand_scalar(Builder& b, ValueId x, const Shape& shape);
+// dst += src in place; dst is persistent (a gradient accumulator or a counter). No outputs.
+void accumulate(Builder& b, ValueId dst, ValueId src);
+
+}  // namespace meshtrain::ops
