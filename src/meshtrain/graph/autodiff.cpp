@@ -41,8 +41,15 @@ GradientMap differentiate(Graph& graph, ValueId loss, const std::vector<ValueId>
     const TensorMeta& gm = graph.value(g).meta;
     MT_CHECK(vm.shape == gm.shape, "gradient of value %{} ({}) has shape {}", v, vm.shape,
              gm.shape);
-    if (gm.dtype != vm.dtype) g = b.op1("cast", {g}, {{"dtype", int64_t(vm.dtype)}});
-    grad[v] = grad[v] == kNoValue ? g : b.op1("add", {grad[v], g});
+    // A gradient may carry another dtype than its value (grad_cast); fan-in adds in the dtype
+    // of the first gradient that arrived.
+    if (grad[v] == kNoValue) {
+      grad[v] = g;
+      return;
+    }
+    DType want = graph.value(grad[v]).meta.dtype;
+    if (gm.dtype != want) g = b.op1("cast", {g}, {{"dtype", int64_t(want)}});
+    grad[v] = b.op1("add", {grad[v], g});
   };
 
   b.set_scope(graph.value(loss).producer >= 0 ? graph.node(graph.value(loss).producer).scope : "");

@@ -9,6 +9,7 @@ namespace meshtrain {
 Executor::Executor(const Graph& graph, MemoryPlan plan, Backend& backend, ExecServices* services)
     : graph_(graph), plan_(std::move(plan)), backend_(backend), services_(services) {
   tensors_.resize(size_t(graph_.num_values()));
+  scalars_.assign(graph_.scalar_names().size(), 0.0);
 }
 
 Executor::~Executor() = default;
@@ -86,6 +87,7 @@ void Executor::prepare() {
                                Shape{(plan_.workspace_bytes[size_t(id)] + 3) / 4}, DType::kI32);
     s.ctx.stream = &backend_.stream(n.stream);
     s.ctx.services = services_;
+    s.ctx.scalars = &scalars_;
     steps_.push_back(std::move(s));
   }
 

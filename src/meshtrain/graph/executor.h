@@ -33,6 +33,8 @@ class Executor {
 
   // The tensor a value is bound to (inputs to fill, outputs to read). Valid after prepare().
   const Tensor& tensor(ValueId v) const;
+  // Host scalar read by kernels at launch (see Graph::add_scalar).
+  void set_scalar(int slot, double value) { scalars_.at(size_t(slot)) = value; }
   const Graph& graph() const { return graph_; }
   const MemoryPlan& plan() const { return plan_; }
   Backend& backend() { return backend_; }
@@ -52,6 +54,7 @@ class Executor {
   ExecServices* services_;
   NodeObserver* observer_ = nullptr;
   std::vector<Tensor> tensors_;
+  std::vector<double> scalars_;
   std::shared_ptr<Storage> arena_;
   std::shared_ptr<Storage> inputs_;
   std::vector<Step> steps_;

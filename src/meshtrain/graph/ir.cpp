@@ -80,9 +80,28 @@ void Graph::mark_output(ValueId v) {
   if (std::find(outputs_.begin(), outputs_.end(), v) == outputs_.end()) outputs_.push_back(v);
 }
 
+int Graph::add_scalar(const std::string& name) {
+  for (size_t i = 0; i < scalars_.size(); ++i)
+    if (scalars_[i] == name) return int(i);
+  scalars_.push_back(name);
+  return int(scalars_.size()) - 1;
+}
+
 std::vector<NodeId> Graph::schedule() const {
-  if (!schedule_.empty()) return schedule_;
   std::vector<NodeId> order;
+  if (!schedule_.empty()) {
+    order.reserve(schedule_.size());
+    std::vector<char> seen(nodes_.size(), 0);
+    for (NodeId id : schedule_)
+      if (!nodes_[size_t(id)].dead) {
+        order.push_back(id);
+        seen[size_t(id)] = 1;
+      }
+    for (const Node& n : nodes_)
+      MT_CHECK(n.dead || seen[size_t(n.id)], "node {} ({}) was added after the schedule was set",
+               n.id, n.op);
+    return order;
+  }
   order.reserve(nodes_.size());
   for (const Node& n : nodes_)
     if (!n.dead) order.push_back(n.id);

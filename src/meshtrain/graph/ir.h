@@ -84,13 +84,19 @@ class Graph {
   void mark_output(ValueId v);
   const std::vector<ValueId>& outputs() const { return outputs_; }
 
-  // Execution order: live node ids. Empty means creation order of live nodes.
+  // Execution order of live nodes: the schedule a pass set (it must then list every live node),
+  // or creation order.
   std::vector<NodeId> schedule() const;
   void set_schedule(std::vector<NodeId> order) { schedule_ = std::move(order); }
 
   // consumers[v] = live nodes that read v, in creation order.
   std::vector<std::vector<NodeId>> consumers() const;
   std::vector<ValueId> values_with_role(ValueRole role) const;
+
+  // Host scalars: values the host sets before each run (learning rate, step) that kernels read
+  // at launch, so no host-to-device copy races with a running step. Returns the slot.
+  int add_scalar(const std::string& name);
+  const std::vector<std::string>& scalar_names() const { return scalars_; }
 
   // Human-readable listing, one node per line (debugging and `meshtrain plan --dump-graph`).
   std::string dump() const;
@@ -100,6 +106,7 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<ValueId> outputs_;
   std::vector<NodeId> schedule_;
+  std::vector<std::string> scalars_;
 };
 
 }  // namespace meshtrain

@@ -62,7 +62,11 @@ struct KernelContext {
   Tensor workspace;
   Stream* stream = nullptr;
   ExecServices* services = nullptr;
+  const std::vector<double>* scalars = nullptr;  // the executor's host scalars (Graph::add_scalar)
   const Attrs& attrs() const { return node->attrs; }
+  double scalar(const std::string& slot_attr) const {
+    return scalars->at(size_t(node->attrs.i(slot_attr)));
+  }
 };
 
 using KernelFn = std::function<void(KernelContext&)>;

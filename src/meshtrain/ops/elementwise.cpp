@@ -29,6 +29,10 @@ ValueId reshape(Builder& b, ValueId x, const Shape& shape) {
   if (b.shape(x) == shape) return x;
   return b.op1("reshape", {x}, {{"shape", shape.dims()}});
 }
+ValueId grad_cast(Builder& b, ValueId x, DType dtype) {
+  if (b.dtype(x) == dtype) return x;
+  return b.op1("grad_cast", {x}, {{"dtype", int64_t(dtype)}});
+}
 ValueId sum(Builder& b, ValueId x) { return b.op1("sum", {x}); }
 ValueId expand_scalar(Builder& b, ValueId x, const Shape& shape) {
   return b.op1("expand_scalar", {x}, {{"shape", shape.dims()}});
@@ -81,6 +85,12 @@ MT_REGISTER_OPS {
             },
             .backward = [](GradContext& c) {
               return std::vector<ValueId>{reshape(c.b, c.grad_out(0), c.b.shape(c.in(0)))};
+            },
+            .view_of_input = 0});
+  r.add_op({.name = "grad_cast",
+            .infer = same_as_first,
+            .backward = [](GradContext& c) {
+              return std::vector<ValueId>{cast(c.b, c.grad_out(0), DType(c.attrs().i("dtype")))};
             },
             .view_of_input = 0});
   r.add_op({.name = "sum",

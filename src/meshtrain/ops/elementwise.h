@@ -14,6 +14,10 @@ ValueId scale(Builder& b, ValueId x, double factor);
 // Identity (no node) when x already has `dtype`.
 ValueId cast(Builder& b, ValueId x, DType dtype);
 ValueId reshape(Builder& b, ValueId x, const Shape& shape);
+// Identity in forward (a view); in backward casts the incoming gradient to `dtype`. Marks where a
+// gradient changes precision (FSDP reduces gradients in mixed_precision_reduce). No node when the
+// value already has `dtype`.
+ValueId grad_cast(Builder& b, ValueId x, DType dtype);
 // Sum of all elements to a [1] tensor (accumulates in double on CPU).
 ValueId sum(Builder& b, ValueId x);
 // Broadcast a [1] tensor to `shape` (the backward of sum).

@@ -85,7 +85,8 @@ MT_REGISTER_OPS {
     });
   });
   add_cpu_kernel("cast", [](KernelContext& c) { cast_kernel(c.in[0], c.out[0]); });
-  add_cpu_kernel("reshape", [](KernelContext&) {});  // a view: shares its input's bytes
+  add_cpu_kernel("reshape", [](KernelContext&) {});    // a view: shares its input's bytes
+  add_cpu_kernel("grad_cast", [](KernelContext&) {});  // a view in forward
   add_cpu_kernel("sum", [](KernelContext& c) {
     MT_DISPATCH_FLOAT(c.out[0].dtype(), "sum", [&] {
       const scalar_t* x = in_ptr<scalar_t>(c, 0);

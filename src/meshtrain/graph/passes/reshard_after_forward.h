@@ -1,0 +1,24 @@
+// Reshard-after-forward (FSDP2's reshard_after_forward, as a graph pass): for every forward
+// all_gather whose scope the predicate accepts, the gathered weight is no longer kept from forward
+// to backward. The gather chain (all_gather and the views/casts/slices after it) is cloned with
+// phase kRecompute right before its first backward consumer, and backward reads the clone. The
+// forward copy then dies after its last forward use, which the memory plan shows.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "meshtrain/graph/ir.h"
+
+namespace meshtrain {
+
+struct ReshardStats {
+  int gathers_recomputed = 0;
+  int64_t bytes_released = 0;  // bytes of gathered weights no longer held across forward->backward
+};
+
+// `group` is the mesh group of the FSDP gathers (e.g. "fsdp"). Sets the graph's schedule.
+ReshardStats reshard_after_forward(Graph& graph, const std::string& group,
+                                   const std::function<bool(const std::string& scope)>& reshard);
+
+}  // namespace meshtrain

@@ -1,0 +1,159 @@
+// llama3 graph builder. Parameter names and initialisation follow torchtitan's llama3 exactly
+// (depth-scaled init for wo/w2/w3, normal(1) embeddings, 3σ-truncated output projection).
+#include "meshtrain/model/llama3.h"
+
+#include <cmath>
+
+#include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/cross_entropy.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/embedding.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/rmsnorm.h"
+#include "meshtrain/ops/rope.h"
+#include "meshtrain/ops/swiglu.h"
+
+namespace meshtrain {
+
+int64_t Llama3Args::ffn_hidden() const {
+  int64_t hidden = 4 * dim;
+  hidden = int64_t(2 * hidden / 3);
+  if (ffn_dim_multiplier) hidden = int64_t(*ffn_dim_multiplier * double(hidden));
+  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+std::vector<std::string> llama3_flavors() { return {"debugmodel", "8B", "70B", "405B"}; }
+
+Llama3Args llama3_flavor(const std::string& flavor) {
+  Llama3Args a;
+  if (flavor == "debugmodel") {
+    a.dim = 256; a.n_layers = 6; a.n_heads = 16; a.rope_theta = 500000; a.vocab_size = 0;
+  } else if (flavor == "8B") {
+    a.dim = 4096; a.n_layers = 32; a.n_heads = 32; a.n_kv_heads = 8; a.ffn_dim_multiplier = 1.3;
+    a.multiple_of = 1024; a.rope_theta = 500000; a.vocab_size = 128256;
+  } else if (flavor == "70B") {
+    a.dim = 8192; a.n_layers = 80; a.n_heads = 64; a.n_kv_heads = 8; a.ffn_dim_multiplier = 1.3;
+    a.multiple_of = 4096; a.rope_theta = 500000; a.vocab_size = 128256;
+  } else if (flavor == "405B") {
+    a.dim = 16384; a.n_layers = 126; a.n_heads = 128; a.n_kv_heads = 8;
+    a.ffn_dim_multiplier = 1.2; a.multiple_of = 4096; a.rope_theta = 500000; a.vocab_size = 128256;
+  } else {
+    MT_THROW(ConfigError, "[model] flavor '{}' is not a llama3 flavor: expected one of {}", flavor,
+             fmt::join(llama3_flavors(), ", "));
+  }
+  return a;
+}
+
+namespace {
+
+class Llama3 final : public Model {
+ public:
+  Llama3(Llama3Args args, std::string flavor) : a_(args), flavor_(std::move(flavor)) {}
+  std::string name() const override { return "llama3"; }
+  std::string flavor() const override { return flavor_; }
+  int64_t vocab_size() const override { return a_.vocab_size; }
+  int n_layers() const override { return a_.n_layers; }
+  std::string describe() const override {
+    return fmt::format(
+        "llama3 {}: dim {}, {} layers, {} heads ({} kv, head dim {}), ffn {}, vocab {}, rope "
+        "theta {:g} (llama3 scaling)",
+        flavor_, a_.dim, a_.n_layers, a_.n_heads, a_.kv_heads(), a_.head_dim(), a_.ffn_hidden(),
+        a_.vocab_size, a_.rope_theta);
+  }
+  double attention_flops_per_token(int64_t seq_len) const override {
+    return 6.0 * a_.n_layers * a_.n_heads * double(2 * a_.head_dim()) * double(seq_len);
+  }
+  ValueId build(Builder& b, ParallelPlan& plan, const ModelInputs& in) override;
+
+ private:
+  ValueId attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table, double init_std,
+                    const ModelInputs& in);
+  ValueId feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
+  ValueId weight(Builder& b, ParallelPlan& plan, const std::string& local, const Shape& shape,
+                 const InitSpec& init) {
+    return plan.param(b, b.current_scope() + "." + local, shape, init);
+  }
+  Llama3Args a_;
+  std::string flavor_;
+};
+
+ValueId Llama3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table,
+                          double init_std, const ModelInputs& in) {
+  auto s = b.scope("attention");
+  const int tp = plan.tp_degree();
+  const int64_t hd = a_.head_dim();
+  const int64_t hq = a_.n_heads / tp, hkv = a_.kv_heads() / tp;
+  const int64_t B = in.batch, S = in.seq_len;
+  ValueId wq = weight(b, plan, "wq.weight", {a_.n_heads * hd, a_.dim}, InitSpec::trunc_normal(0.02));
+  ValueId wk = weight(b, plan, "wk.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02));
+  ValueId wv = weight(b, plan, "wv.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02));
+  ValueId wo = weight(b, plan, "wo.weight", {a_.dim, a_.n_heads * hd}, InitSpec::trunc_normal(init_std));
+  ValueId q = ops::reshape(b, ops::linear(b, x, wq), Shape{B, S, hq, hd});
+  ValueId k = ops::reshape(b, ops::linear(b, x, wk), Shape{B, S, hkv, hd});
+  ValueId v = ops::reshape(b, ops::linear(b, x, wv), Shape{B, S, hkv, hd});
+  q = ops::rope(b, q, table);
+  k = ops::rope(b, k, table);
+  ValueId o = ops::attention(b, q, k, v, 1.0 / std::sqrt(double(hd)), true).out;
+  return ops::linear(b, ops::reshape(b, o, Shape{B, S, hq * hd}), wo);
+}
+
+ValueId Llama3::feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std) {
+  auto s = b.scope("feed_forward");
+  const int64_t hidden = a_.ffn_hidden();
+  ValueId w1 = weight(b, plan, "w1.weight", {hidden, a_.dim}, InitSpec::trunc_normal(0.02));
+  ValueId w2 = weight(b, plan, "w2.weight", {a_.dim, hidden}, InitSpec::trunc_normal(init_std));
+  ValueId w3 = weight(b, plan, "w3.weight", {hidden, a_.dim}, InitSpec::trunc_normal(init_std));
+  ValueId h = ops::swiglu(b, ops::linear(b, x, w1), ops::linear(b, x, w3));
+  return ops::linear(b, h, w2);
+}
+
+ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
+  const DType cdt = plan.config().compute_dtype;
+  ValueId emb = plan.param(b, "tok_embeddings.weight", {a_.vocab_size, a_.dim}, InitSpec::normal(1.0));
+  ValueId h;
+  {
+    auto s = b.scope("tok_embeddings");
+    h = ops::embedding(b, in.tokens, emb);
+  }
+  ops::RopeConfig rc;
+  rc.scaling = "llama3";
+  rc.theta = a_.rope_theta;
+  // The rotation table is computed in float32 (float64 for float64 runs), like torchtitan's
+  // complex64 freqs_cis.
+  ValueId table = ops::rope_table(b, in.seq_len, a_.head_dim(), rc,
+                                  cdt == DType::kF64 ? DType::kF64 : DType::kF32);
+  for (int l = 0; l < a_.n_layers; ++l) {
+    auto s = b.scope(fmt::format("layers.{}", l));
+    double init_std = a_.depth_init ? 0.02 / std::sqrt(2.0 * (l + 1)) : 0.02 / std::sqrt(2.0 * a_.n_layers);
+    ValueId an = plan.param(b, b.current_scope() + ".attention_norm.weight", {a_.dim}, InitSpec::ones());
+    ValueId x = ops::rmsnorm(b, h, an, a_.norm_eps);
+    h = ops::add(b, h, attention(b, plan, x, table, init_std, in));
+    ValueId fn = plan.param(b, b.current_scope() + ".ffn_norm.weight", {a_.dim}, InitSpec::ones());
+    x = ops::rmsnorm(b, h, fn, a_.norm_eps);
+    h = ops::add(b, h, feed_forward(b, plan, x, init_std));
+  }
+  ValueId nw = plan.param(b, "norm.weight", {a_.dim}, InitSpec::ones());
+  h = ops::rmsnorm(b, h, nw, a_.norm_eps);
+  const double out_std = 1.0 / std::sqrt(double(a_.dim));
+  ValueId wout = plan.param(b, "output.weight", {a_.vocab_size, a_.dim},
+                            InitSpec::trunc_normal(out_std, -3 * out_std, 3 * out_std));
+  auto s = b.scope("output");
+  ValueId logits = ops::linear(b, h, wout);
+  logits = ops::reshape(b, logits, Shape{in.batch * in.seq_len, a_.vocab_size});
+  ValueId labels = ops::reshape(b, in.labels, Shape{in.batch * in.seq_len});
+  return ops::cross_entropy(b, logits, labels, in.token_count);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> create_llama3(const ModelOptions& o) {
+  Llama3Args a = llama3_flavor(o.flavor);
+  a.vocab_size = resolve_vocab(o, a.vocab_size);
+  if (o.n_layers_override > 0) a.n_layers = o.n_layers_override;
+  MT_CHECK_T(ConfigError, a.dim % a.n_heads == 0 && a.n_heads % a.kv_heads() == 0,
+             "llama3 {}: dim {} must divide by n_heads {} and n_heads by n_kv_heads {}", o.flavor,
+             a.dim, a.n_heads, a.kv_heads());
+  return std::make_unique<Llama3>(a, o.flavor);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,55 @@
+// Model: a graph builder for one model family and flavor. `build` emits one micro-batch's
+// forward graph on local shapes and returns the loss; it asks the ParallelPlan for every
+// parameter and never names a backend or a collective.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "meshtrain/graph/builder.h"
+#include "meshtrain/parallel/plan.h"
+
+namespace meshtrain {
+
+struct ModelInputs {
+  ValueId tokens = kNoValue;       // [B, S] int32
+  ValueId labels = kNoValue;       // [B, S] int32
+  ValueId token_count = kNoValue;  // [1] int64: tokens the loss is normalised by (global)
+  int64_t batch = 0;               // local batch
+  int64_t seq_len = 0;
+};
+
+struct ModelOptions {
+  std::string name;    // "llama3" | "deepseek_v3"
+  std::string flavor;  // "debugmodel", "8B", ...
+  int64_t tokenizer_vocab = 0;  // vocab of the data's tokenizer
+  int64_t vocab_override = 0;   // [model] vocab_size (0 = flavor's or tokenizer's)
+  int n_layers_override = 0;    // [model] n_layers (0 = flavor's)
+  int64_t seq_len = 0;          // [training] seq_len (rope tables, YaRN condition)
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::string name() const = 0;
+  virtual std::string flavor() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int n_layers() const = 0;
+  // One line for the start-up summary: the shapes that matter.
+  virtual std::string describe() const = 0;
+  // Emits the forward graph; returns the scalar loss (sum of token losses / token_count).
+  virtual ValueId build(Builder& b, ParallelPlan& plan, const ModelInputs& in) = 0;
+  // Share of a parameter that one token uses (1 for dense; top_k / num_experts for routed
+  // experts), for active-parameter counts and MFU.
+  virtual double active_fraction(const ParamInfo& p) const { return 1.0; }
+  // The attention term of FLOPs per token (training: forward + backward), torchtitan's
+  // convention: 6 · layers · heads · (d_qk + d_v) · seq_len (no causal discount).
+  virtual double attention_flops_per_token(int64_t seq_len) const = 0;
+};
+
+// Vocabulary resolution shared by model families: override > flavor > tokenizer.
+int64_t resolve_vocab(const ModelOptions& o, int64_t flavor_vocab);
+
+std::unique_ptr<Model> create_model(const ModelOptions& options);
+
+}  // namespace meshtrain

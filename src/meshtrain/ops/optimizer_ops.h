@@ -1,0 +1,27 @@
+// Ops of the optimizer graph: squared norms for gradient clipping and the fused AdamW update over
+// a flat group of parameters (clip, decoupled weight decay, moments, bias correction, and the
+// gradient reset for the next step, in one pass).
+#pragma once
+
+#include "meshtrain/graph/builder.h"
+
+namespace meshtrain::ops {
+
+// Σ x² over all elements, accumulated and returned in float64 ([1]).
+ValueId sum_squares(Builder& b, ValueId x);
+
+struct AdamWParams {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double max_norm = 1.0;  // <= 0: no clipping
+};
+
+// In place on param, exp_avg, exp_avg_sq; sets grad to zero afterwards. total_norm_sq [1] f64 is
+// the global squared gradient norm (on the device); the learning rate and the 1-based step are
+// host scalars (graph slots) read at launch.
+void adamw_update(Builder& b, ValueId param, ValueId grad, ValueId exp_avg, ValueId exp_avg_sq,
+                  ValueId total_norm_sq, int lr_slot, int step_slot, const AdamWParams& p);
+
+// torchtitan / torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)).
+double clip_coefficient(double total_norm, double max_norm);
+
+}  // namespace meshtrain::ops

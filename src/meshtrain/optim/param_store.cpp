@@ -1,0 +1,109 @@
+// ParamStore: flat buffers per norm group; initialisation on the host, then copied to the device.
+#include "meshtrain/optim/param_store.h"
+
+#include <map>
+
+namespace meshtrain {
+
+ParamStore::ParamStore(const ParallelPlan& plan, Backend& backend)
+    : plan_(plan), backend_(backend) {
+  const auto& ps = plan.params();
+  group_of_.assign(ps.size(), -1);
+  offset_of_.assign(ps.size(), 0);
+  state_.resize(ps.size());
+  const DType dt = plan.config().master_dtype;
+  // Each parameter starts 256-byte aligned inside its flat buffer (vector loads, cuBLAS).
+  const int64_t align = std::max<int64_t>(1, 256 / int64_t(dtype_size(dt)));
+  std::map<std::string, int> by_name;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!ps[i].trainable) continue;
+    auto it = by_name.find(ps[i].shard_group);
+    if (it == by_name.end()) {
+      it = by_name.emplace(ps[i].shard_group, int(groups_.size())).first;
+      groups_.push_back(ParamGroup{.norm_group = ps[i].shard_group});
+    }
+    ParamGroup& g = groups_[size_t(it->second)];
+    g.numel = (g.numel + align - 1) / align * align;
+    group_of_[i] = it->second;
+    offset_of_[i] = g.numel;
+    g.params.push_back(i);
+    g.offsets.push_back(g.numel);
+    g.numel += ps[i].local_shape.numel();
+  }
+  Allocator& alloc = backend.allocator();
+  for (ParamGroup& g : groups_) {
+    Shape s{std::max<int64_t>(g.numel, 1)};
+    for (Tensor* t : {&g.master, &g.grad, &g.exp_avg, &g.exp_avg_sq}) {
+      *t = Tensor::empty(s, dt, alloc);
+      backend.fill_zero(t->raw(), t->nbytes(), backend.stream(0));
+    }
+  }
+  for (size_t i = 0; i < ps.size(); ++i)
+    if (!ps[i].trainable) state_[i] = Tensor::empty(ps[i].local_shape, ps[i].dtype, alloc);
+}
+
+Tensor ParamStore::master(const std::string& name) const {
+  const ParamInfo& p = plan_.info(name);
+  size_t i = size_t(&p - plan_.params().data());
+  if (!p.trainable) return state_[i];
+  const ParamGroup& g = groups_[size_t(group_of_[i])];
+  return Tensor(g.master.storage(), size_t(offset_of_[i]) * dtype_size(p.dtype), p.local_shape,
+                p.dtype);
+}
+
+Tensor ParamStore::grad(const std::string& name) const {
+  const ParamInfo& p = plan_.info(name);
+  size_t i = size_t(&p - plan_.params().data());
+  MT_CHECK(p.trainable, "{} is not trainable; it has no gradient", name);
+  const ParamGroup& g = groups_[size_t(group_of_[i])];
+  return Tensor(g.grad.storage(), size_t(offset_of_[i]) * dtype_size(p.dtype), p.local_shape,
+                p.dtype);
+}
+
+void ParamStore::initialize(uint64_t seed) {
+  // Runs before step 1: host tensors made here for device backends are freed as it goes.
+  for (const ParamInfo& p : plan_.params()) {
+    Tensor dst = master(p.name);
+    Tensor host = dst.device().is_cpu() ? dst : Tensor::empty(p.local_shape, p.dtype, backend_.host_staging_allocator());
+    if (is_floating(p.dtype) && p.dtype != DType::kBF16) {
+      init_local(host, p.global_shape, p.piece, p.init, seed, p.name);
+    } else {
+      MT_THROW(ValueError, "state buffer {} has dtype {}: only float32/float64 can be initialised",
+               p.name, p.dtype);
+    }
+    if (!dst.device().is_cpu())
+      backend_.copy(dst.raw(), host.raw(), host.nbytes(), CopyKind::kHostToDevice, backend_.stream(0));
+  }
+  backend_.synchronize();
+}
+
+Tensor ParamStore::master_to_host(const std::string& name) const {
+  Tensor d = master(name);
+  Tensor h = Tensor::empty(d.shape(), d.dtype());
+  backend_.copy(h.raw(), d.raw(), d.nbytes(), CopyKind::kDeviceToHost, backend_.stream(0));
+  backend_.synchronize();
+  return h;
+}
+
+void ParamStore::bind(Executor& ex) const {
+  for (const ParamInfo& p : plan_.params()) {
+    if (p.master != kNoValue) ex.bind(p.master, master(p.name));
+    if (p.grad != kNoValue) ex.bind(p.grad, grad(p.name));
+  }
+}
+
+int64_t ParamStore::trainable_numel() const {
+  int64_t n = 0;
+  for (const ParamGroup& g : groups_) n += g.numel;
+  return n;
+}
+
+int64_t ParamStore::bytes() const {
+  int64_t b = 0;
+  for (const ParamGroup& g : groups_) b += 4 * int64_t(g.master.nbytes());
+  for (const Tensor& t : state_)
+    if (t.defined()) b += int64_t(t.nbytes());
+  return b;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,84 @@
+// ParallelPlan: what `param(name)` means on this rank. Model code declares each parameter with
+// its torchtitan name, global shape and initialiser; the plan creates the persistent master
+// value (this rank's shard), and returns the value the model computes with: cast to the compute
+// dtype and, under FSDP, all-gathered from the shards (autodiff then reduce-scatters the
+// gradient). Gradients are accumulated into persistent per-parameter buffers.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "meshtrain/graph/autodiff.h"
+#include "meshtrain/graph/builder.h"
+#include "meshtrain/tensor/init.h"
+
+namespace meshtrain {
+
+class DeviceMesh;
+
+enum class ParamKind : uint8_t { kDense, kExpert };
+
+struct ParamOptions {
+  ParamKind kind = ParamKind::kDense;
+  bool trainable = true;
+};
+
+struct ParamInfo {
+  std::string name;
+  Shape global_shape;
+  Shape local_shape;  // this rank's master shard (padded to equal sizes when sharded)
+  LocalPiece piece;   // where the shard sits in the global tensor
+  InitSpec init;
+  ParamKind kind = ParamKind::kDense;
+  bool trainable = true;
+  DType dtype = DType::kF32;  // of the master (master_dtype) or of a state buffer
+  ValueId master = kNoValue;  // persistent value (role kParameter, or kState if not trainable)
+  ValueId grad = kNoValue;    // persistent accumulator (role kGradient)
+  int shard_degree = 1;       // ranks the master is split over (1 = replicated/whole)
+  std::string shard_group;    // mesh group of that split ("" when whole)
+};
+
+struct PlanConfig {
+  DType master_dtype = DType::kF32;   // master weights and optimizer state
+  DType compute_dtype = DType::kF32;  // what the model computes with ([training] mixed_precision_param)
+  DType reduce_dtype = DType::kF32;   // gradient reductions ([training] mixed_precision_reduce)
+};
+
+class ParallelPlan {
+ public:
+  // `mesh` may be null for a single process without a runtime (tests, `plan`).
+  ParallelPlan(PlanConfig config, DeviceMesh* mesh);
+
+  // Declares a trainable parameter and returns the value the model should use.
+  ValueId param(Builder& b, const std::string& name, const Shape& global_shape,
+                const InitSpec& init, ParamOptions options = {});
+  // Declares non-trainable persistent state read by the graph (e.g. expert_bias); returned as is.
+  ValueId buffer(Builder& b, const std::string& name, const Shape& shape, DType dtype,
+                 const InitSpec& init);
+
+  // After autodiff: appends `accumulate(grad_buffer, grad)` sinks for every trainable param.
+  void attach_gradients(Builder& b, const GradientMap& grads);
+  std::vector<ValueId> trainable_masters() const;
+
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const ParamInfo& info(const std::string& name) const;
+  const PlanConfig& config() const { return config_; }
+  DeviceMesh* mesh() const { return mesh_; }
+  // Size of / this rank's index in a mesh group (1 / 0 without a mesh).
+  int group_size(const std::string& group) const;
+  int group_rank(const std::string& group) const;
+
+  // Degrees the model needs to size its local shapes (1 when the dim is absent).
+  int tp_degree() const;
+
+ private:
+  ParamInfo& declare(const std::string& name, const Shape& global_shape, const InitSpec& init,
+                     ParamOptions options);
+  PlanConfig config_;
+  DeviceMesh* mesh_;
+  std::vector<ParamInfo> params_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+}  // namespace meshtrain

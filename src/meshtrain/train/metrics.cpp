@@ -1,0 +1,64 @@
+// Metrics formatting (the torchtitan line) and the JSONL sink.
+#include "meshtrain/train/metrics.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/core/logging.h"
+
+namespace meshtrain {
+
+MetricsLogger::MetricsLogger(const std::string& jsonl_path) : path_(jsonl_path) {
+  if (path_.empty()) return;
+  std::filesystem::path p(path_);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  file_ = std::fopen(path_.c_str(), "a");
+  MT_CHECK_T(IoError, file_ != nullptr, "cannot open metrics file '{}' for appending", path_);
+}
+
+MetricsLogger::~MetricsLogger() {
+  if (file_) std::fclose(file_);
+}
+
+namespace {
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+}  // namespace
+
+std::string MetricsLogger::format_line(const StepMetrics& m) {
+  std::string mfu = m.mfu < 0 ? "n/a" : fmt::format("{:.2f}%", m.mfu);
+  return fmt::format(
+      "step: {:>2}  loss: {:7.4f}  grad_norm: {:7.4f}  memory: {:5.2f}GiB({:.2f}%)  tps: {}  "
+      "tflops: {:.2f}  mfu: {}{}",
+      m.step, m.loss, m.grad_norm, m.memory_gib, m.memory_pct, with_commas(int64_t(m.tps + 0.5)), m.tflops,
+      mfu, m.summary_suffix.empty() ? "" : "  " + m.summary_suffix);
+}
+
+void MetricsLogger::log(const StepMetrics& m) {
+  log_info("{}", format_line(m));
+  if (!file_) return;
+  nlohmann::json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;
+  j["grad_norm"] = m.grad_norm;
+  j["lr"] = m.lr;
+  j["tps"] = m.tps;
+  j["tflops"] = m.tflops;
+  j["mfu"] = m.mfu < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.mfu);
+  j["memory_gib"] = m.memory_gib;
+  j["step_time_s"] = m.step_time_s;
+  for (const auto& [k, v] : m.extra) j[k] = v;
+  // nlohmann prints doubles with the shortest representation that round-trips (full precision).
+  std::string line = j.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,46 @@
+// Per-step metrics: torchtitan's log line on rank 0 every log_freq steps, and one JSON object per
+// logged step appended to <dump_folder>/metrics.jsonl (full float precision, so runs compare).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  double tps = 0;            // tokens per second per device
+  double tflops = 0;         // achieved TFLOP/s per device
+  double mfu = -1;           // percent of peak; < 0 when the device has no known peak
+  double memory_gib = 0;     // peak device memory in use
+  double memory_pct = 0;     // of the device's capacity
+  double step_time_s = 0;
+  // Extra named figures (expert load per layer, ...), written to the JSON line.
+  std::map<std::string, double> extra;
+  std::string summary_suffix;  // appended to the log line (e.g. a one-line expert-load summary)
+};
+
+class MetricsLogger {
+ public:
+  // `jsonl_path` empty: no file. Only rank 0 should construct one with a path.
+  explicit MetricsLogger(const std::string& jsonl_path);
+  ~MetricsLogger();
+  MetricsLogger(const MetricsLogger&) = delete;
+  MetricsLogger& operator=(const MetricsLogger&) = delete;
+
+  void log(const StepMetrics& m);
+  static std::string format_line(const StepMetrics& m);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace meshtrain
