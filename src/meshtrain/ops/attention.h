@@ -1,0 +1,36 @@
+// Scaled-dot-product attention in flash-attention layout: q [B,S,Hq,Dqk], k [B,S,Hkv,Dqk],
+// v [B,S,Hkv,Dv]. Dqk may differ from Dv (DeepSeek MLA); GQA maps q head h to kv head
+// h / (Hq / Hkv). The forward also returns the per-row logsumexp, which the backward uses to
+// recompute the probabilities instead of saving them.
+#pragma once
+
+#include "meshtrain/graph/builder.h"
+
+namespace meshtrain::ops {
+
+struct AttentionOutputs {
+  ValueId out;  // [B, S, Hq, Dv], q's dtype
+  ValueId lse;  // [B, Hq, S]: float32 for float32/bf16 inputs, float64 for float64
+};
+AttentionOutputs attention(Builder& b, ValueId q, ValueId k, ValueId v, double softmax_scale,
+                           bool causal = true);
+
+struct AttentionGrads {
+  ValueId dq, dk, dv;
+};
+// The fused backward: D_i = rowsum(dout * out), P = exp(scale q k^T - lse), dS = P (dP - D).
+AttentionGrads attention_backward(Builder& b, ValueId q, ValueId k, ValueId v, ValueId out,
+                                  ValueId lse, ValueId dout, double softmax_scale, bool causal);
+
+struct AttentionDims {
+  int64_t batch, seq, heads_q, heads_kv, dim_qk, dim_v;
+};
+// Checks q, k, v against each other (ShapeError naming the mismatch) and returns the extents.
+AttentionDims attention_dims(const TensorMeta& q, const TensorMeta& k, const TensorMeta& v);
+DType attention_lse_dtype(DType input);
+
+// CPU kernels walk the queries in blocks of this many rows; with causal masking each block only
+// multiplies against the keys it can see. Workspace holds one [block, S] tile per buffer.
+constexpr int64_t kCpuAttentionRowBlock = 64;
+
+}  // namespace meshtrain::ops
