@@ -8,17 +8,18 @@
 #include "meshtrain/comm/collective_ops.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
-#include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/group_layout.h"
 
 namespace meshtrain {
 
-ParallelPlan::ParallelPlan(PlanConfig config, DeviceMesh* mesh) : config_(config), mesh_(mesh) {}
+ParallelPlan::ParallelPlan(PlanConfig config, const GroupLayout* layout)
+    : config_(config), layout_(layout) {}
 
 int ParallelPlan::group_size(const std::string& group) const {
-  return mesh_ ? mesh_->comm(group).size() : 1;
+  return layout_ ? layout_->group_size(group) : 1;
 }
 int ParallelPlan::group_rank(const std::string& group) const {
-  return mesh_ ? mesh_->comm(group).rank() : 0;
+  return layout_ ? layout_->group_rank(group) : 0;
 }
 int ParallelPlan::tp_degree() const { return group_size("tp"); }
 

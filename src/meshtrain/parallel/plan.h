@@ -15,7 +15,7 @@
 
 namespace meshtrain {
 
-class DeviceMesh;
+class GroupLayout;
 
 enum class ParamKind : uint8_t { kDense, kExpert };
 
@@ -47,8 +47,8 @@ struct PlanConfig {
 
 class ParallelPlan {
  public:
-  // `mesh` may be null for a single process without a runtime (tests, `plan`).
-  ParallelPlan(PlanConfig config, DeviceMesh* mesh);
+  // `layout` may be null: every group has size 1 (one rank).
+  ParallelPlan(PlanConfig config, const GroupLayout* layout);
 
   // Declares a trainable parameter and returns the value the model should use.
   ValueId param(Builder& b, const std::string& name, const Shape& global_shape,
@@ -64,7 +64,6 @@ class ParallelPlan {
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo& info(const std::string& name) const;
   const PlanConfig& config() const { return config_; }
-  DeviceMesh* mesh() const { return mesh_; }
   // Size of / this rank's index in a mesh group (1 / 0 without a mesh).
   int group_size(const std::string& group) const;
   int group_rank(const std::string& group) const;
@@ -76,7 +75,7 @@ class ParallelPlan {
   ParamInfo& declare(const std::string& name, const Shape& global_shape, const InitSpec& init,
                      ParamOptions options);
   PlanConfig config_;
-  DeviceMesh* mesh_;
+  const GroupLayout* layout_;
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, size_t> index_;
 };
