@@ -1,0 +1,237 @@
+// Text corpora: file discovery in sorted order, fortune/paragraph splitting, UTF-8 checks.
+// Every failure is a DataError naming the path and what was expected there.
+#include "meshtrain/data/text_dataset.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_whole_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  MT_CHECK_T(DataError, static_cast<bool>(in), "cannot open '{}' for reading", p.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  MT_CHECK_T(DataError, !in.bad(), "error while reading '{}'", p.string());
+  return ss.str();
+}
+
+bool is_blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos;
+}
+
+// Calls f(line_without_terminator, line_with_terminator) for every line of `s`.
+template <typename F>
+void for_each_line(std::string_view s, F&& f) {
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t nl = s.find('\n', pos);
+    size_t end = nl == std::string_view::npos ? s.size() : nl + 1;
+    std::string_view full = s.substr(pos, end - pos);
+    std::string_view bare = full;
+    if (!bare.empty() && bare.back() == '\n') bare.remove_suffix(1);
+    f(bare, full);
+    pos = end;
+  }
+}
+
+}  // namespace
+
+std::vector<std::string_view> split_fortunes(std::string_view content) {
+  std::vector<std::string_view> docs;
+  size_t start = 0, pos = 0;
+  auto flush = [&](size_t end) {
+    std::string_view d = content.substr(start, end - start);
+    if (!is_blank(d)) docs.push_back(d);
+  };
+  for_each_line(content, [&](std::string_view bare, std::string_view full) {
+    if (bare == "%" || bare == "%\r") {
+      flush(pos);
+      start = pos + full.size();
+    }
+    pos += full.size();
+  });
+  flush(content.size());
+  return docs;
+}
+
+std::vector<std::string_view> split_paragraphs(std::string_view content) {
+  std::vector<std::string_view> docs;
+  size_t pos = 0, start = std::string_view::npos;
+  for_each_line(content, [&](std::string_view bare, std::string_view full) {
+    if (is_blank(bare)) {
+      if (start != std::string_view::npos) docs.push_back(content.substr(start, pos - start));
+      start = std::string_view::npos;
+    } else if (start == std::string_view::npos) {
+      start = pos;
+    }
+    pos += full.size();
+  });
+  if (start != std::string_view::npos) docs.push_back(content.substr(start));
+  return docs;
+}
+
+int64_t find_invalid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    unsigned char c = p[i];
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0)
+      len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0)
+      len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0)
+      len = 4, cp = c & 0x07;
+    else
+      return int64_t(i);
+    if (i + len > n) return int64_t(i);
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return int64_t(i);
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not UTF-8.
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return int64_t(i);
+    i += len;
+  }
+  return -1;
+}
+
+TextCorpus::TextCorpus(std::string kind, std::string path)
+    : kind_(std::move(kind)), path_(std::move(path)) {}
+
+void TextCorpus::add_document(std::string_view doc) {
+  text_.append(doc);
+  offsets_.push_back(int64_t(text_.size()));
+}
+
+std::string_view TextCorpus::document(int64_t i) const {
+  MT_CHECK(i >= 0 && i < num_documents(), "document index {} out of [0, {})", i, num_documents());
+  return std::string_view(text_).substr(size_t(offsets_[size_t(i)]),
+                                        size_t(offsets_[size_t(i) + 1] - offsets_[size_t(i)]));
+}
+
+TextCorpus TextCorpus::from_documents(std::string kind, std::string path,
+                                      const std::vector<std::string>& docs) {
+  TextCorpus c(std::move(kind), std::move(path));
+  for (const std::string& d : docs) c.add_document(d);
+  return c;
+}
+
+TextCorpus TextCorpus::load_fortunes(const std::string& folder_arg) {
+  const std::string folder = folder_arg.empty() ? kDefaultFortunesDir : folder_arg;
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec))
+    MT_THROW(DataError,
+             "fortunes dataset: folder '{}' not found; run scripts/install_deps.sh (Debian "
+             "package `fortunes`) or point [training] dataset_path at a folder of fortune files",
+             folder);
+  std::vector<fs::path> candidates;
+  for (const fs::directory_entry& e : fs::directory_iterator(folder)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name[0] == '.' || name.find('.') != std::string::npos) continue;
+    if (e.is_regular_file()) candidates.push_back(e.path());  // follows symlinks; skips off/
+  }
+  std::sort(candidates.begin(), candidates.end());
+  // A symlink to a file already listed adds nothing; dedupe after sorting so the first name
+  // in sorted order is the one kept, whatever order the directory lists them in.
+  std::vector<fs::path> files;
+  std::set<fs::path> seen;
+  for (const fs::path& p : candidates) {
+    fs::path canon = fs::weakly_canonical(p, ec);
+    if (seen.insert(ec ? p : canon).second) files.push_back(p);
+  }
+  MT_CHECK_T(DataError, !files.empty(),
+             "fortunes dataset: no fortune files (files without an extension) in '{}'", folder);
+  TextCorpus c("fortunes", folder);
+  for (const fs::path& f : files) {
+    std::string content = read_whole_file(f);
+    for (std::string_view d : split_fortunes(content)) c.add_document(d);
+    ++c.num_files_;
+  }
+  MT_CHECK_T(DataError, c.num_documents() > 0,
+             "fortunes dataset: no documents in the {} fortune files of '{}'", files.size(),
+             folder);
+  return c;
+}
+
+TextCorpus TextCorpus::load_text(const std::string& path) {
+  MT_CHECK_T(DataError, !path.empty(),
+             "text dataset needs [training] dataset_path: a UTF-8 file or a folder of *.txt files");
+  std::error_code ec;
+  std::vector<fs::path> files;
+  if (fs::is_regular_file(path, ec)) {
+    files.push_back(path);
+  } else if (fs::is_directory(path, ec)) {
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(path))
+      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    MT_CHECK_T(DataError, !files.empty(), "text dataset: no *.txt files under folder '{}'", path);
+  } else {
+    MT_THROW(DataError,
+             "text dataset: '{}' not found (expected a UTF-8 file or a folder of *.txt files)",
+             path);
+  }
+  TextCorpus c("text", path);
+  for (const fs::path& f : files) {
+    std::string content = read_whole_file(f);
+    int64_t bad = find_invalid_utf8(content);
+    if (bad >= 0)
+      MT_THROW(DataError,
+               "text dataset: '{}' is not valid UTF-8 (byte offset {}); for pre-tokenized .bin "
+               "files use dataset \"tokens\"",
+               f.string(), bad);
+    for (std::string_view d : split_paragraphs(content)) c.add_document(d);
+    ++c.num_files_;
+  }
+  MT_CHECK_T(DataError, c.num_documents() > 0,
+             "text dataset: no documents (non-blank lines) in '{}'", path);
+  return c;
+}
+
+std::string TextCorpus::description() const {
+  return fmt::format("{}: {} documents, {}", kind_, format_thousands(num_documents()),
+                     format_bytes(num_bytes()));
+}
+
+std::string format_thousands(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+std::string format_bytes(int64_t bytes) {
+  double b = double(bytes);
+  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
+  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
+  return fmt::format("{} B", bytes);
+}
+
+std::string format_si(double v) {
+  if (v >= 1e9) return fmt::format("{:.2f}G", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.2f}k", v / 1e3);
+  return fmt::format("{}", int64_t(v));
+}
+
+}  // namespace meshtrain

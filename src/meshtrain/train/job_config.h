@@ -1,0 +1,129 @@
+// meshtrain's job configuration: torchtitan v0.2 TOML sections as plain structs. The defaults
+// written here are the schema's defaults: job_config.cpp builds the schema from one table that
+// binds every key to its field and reads each default from a default-constructed JobConfig.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/config.h"
+
+namespace meshtrain {
+
+// FSDP reshard-after-forward policy; TOML accepts the torchtitan strings and true/false.
+enum class ReshardAfterForward { kDefault, kAlways, kNever };
+const char* reshard_after_forward_name(ReshardAfterForward r);
+
+struct JobSection {
+  std::string dump_folder = "./outputs";
+  std::string description = "default job";
+  std::string device = "auto";  // "auto" | "cpu" | "cuda"; the trainer resolves "auto"
+};
+
+struct ModelSection {
+  std::string name = "llama3";  // "llama3" | "deepseek_v3"
+  std::string flavor = "debugmodel";
+  int64_t n_layers = 0;    // 0 = the flavor's layer count
+  int64_t vocab_size = 0;  // 0 = the tokenizer's vocabulary size
+};
+
+struct OptimizerSection {
+  std::string name = "AdamW";
+  double lr = 8e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+struct LRSchedulerSection {
+  int64_t warmup_steps = 200;
+  // Unset: decay starts right after warmup. Set: warmup-stable-decay, decaying over the last
+  // `decay_ratio` of the steps. TOML spells unset as -1 (or by leaving the key out).
+  std::optional<double> decay_ratio;
+  std::string decay_type = "linear";  // "linear" | "sqrt" | "cosine"
+  double min_lr_factor = 0.0;         // the lr never drops below lr * min_lr_factor
+};
+
+struct TrainingSection {
+  int64_t local_batch_size = 8;
+  int64_t global_batch_size = -1;  // -1 = local_batch_size * dp degree (no accumulation)
+  int64_t seq_len = 2048;
+  double max_norm = 1.0;  // 0 disables gradient clipping
+  int64_t steps = 10000;
+  int64_t seed = 0;  // torchtitan leaves it unset (random); meshtrain always seeds runs
+  bool deterministic = false;
+  std::string dataset = "fortunes";            // "fortunes" | "text" | "tokens"
+  std::string dataset_path;                    // "" = the dataset's default location
+  std::string mixed_precision_param = "auto";  // "auto" = bfloat16 on cuda, float32 on cpu
+  std::string mixed_precision_reduce = "float32";
+  std::string master_dtype = "float32";  // master weights and optimizer state
+};
+
+struct MetricsSection {
+  int64_t log_freq = 10;
+  bool enable_jsonl = true;
+};
+
+struct ParallelismSection {
+  int data_parallel_replicate_degree = 1;
+  int data_parallel_shard_degree = -1;  // -1 = the ranks the other degrees leave over
+  ReshardAfterForward fsdp_reshard_after_forward = ReshardAfterForward::kDefault;
+  int tensor_parallel_degree = 1;
+  int context_parallel_degree = 1;
+  int expert_parallel_degree = 1;
+  int expert_tensor_parallel_degree = 1;
+};
+
+struct ActivationCheckpointSection {
+  std::string mode = "selective";         // "none" | "full" | "selective"
+  std::string selective_ac_option = "2";  // "op", or "N" = checkpoint every N-th layer
+  // 0 for "op" (per-op selective AC), else N.
+  int selective_layer_interval() const;
+};
+
+struct ProfilingSection {
+  bool enable_profiling = false;
+  int64_t profile_freq = 10;
+  std::string save_traces_folder = "profile_traces";
+};
+
+struct CommSection {
+  int64_t init_timeout_seconds = 300;
+  int64_t train_timeout_seconds = 100;
+};
+
+struct JobConfig {
+  JobSection job;
+  ModelSection model;
+  OptimizerSection optimizer;
+  LRSchedulerSection lr_scheduler;
+  TrainingSection training;
+  MetricsSection metrics;
+  ParallelismSection parallelism;
+  ActivationCheckpointSection activation_checkpoint;
+  ProfilingSection profiling;
+  CommSection comm;
+};
+
+// The schema of every key above, with types, ranges, choices and help.
+const Schema& job_config_schema();
+
+// Defaults < TOML file (path may be empty) < `--section.key value` overrides, then the checks
+// that involve several keys. Throws ConfigError.
+JobConfig parse_job_config(const std::string& path, const std::vector<std::string>& overrides);
+
+JobConfig job_config_from_values(const ConfigValues& values);
+// The struct as config values (validated): its to_toml() is the effective config of a run.
+ConfigValues job_config_to_values(const JobConfig& cfg);
+
+// Checks that involve several keys; parse_job_config calls it.
+void validate_job_config(const JobConfig& cfg);
+
+// Micro-batches per step: global_batch_size / (local_batch_size * dp_degree), 1 when global is
+// -1. ConfigError when it does not divide.
+int64_t gradient_accumulation_steps(const TrainingSection& t, int64_t dp_degree);
+
+}  // namespace meshtrain
