@@ -1,18 +1,112 @@
-// meshtrain command line: `train` and `plan` subcommands (thin; the work is in train/).
+// meshtrain command line: `train`, `plan` and `tokenize` subcommands. Thin: parsing and error
+// reporting here, the work in train/. Every failure is one clear line and a non-zero exit; in a
+// multi-rank run the failing rank aborts the job so no rank hangs.
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <string>
+#include <vector>
 
+#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/logging.h"
+#include "meshtrain/train/job_config.h"
+#include "meshtrain/train/plan_report.h"
+#include "meshtrain/train/trainer.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: meshtrain <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  train --config FILE [--nproc N] [--section.key VALUE ...]\n"
+    "        train a model; --nproc N starts N local ranks (mpirun -np N also works)\n"
+    "  plan  --config FILE [--world N] [--rank R] [--section.key VALUE ...]\n"
+    "        print parameter counts, FLOPs per token and the planned memory of a rank\n"
+    "  tokenize --input PATH --output FILE.bin [--dataset text|fortunes]\n"
+    "        write a pre-tokenized token file (byte-level tokenizer, llm.c format)\n"
+    "\n"
+    "Config keys follow torchtitan's TOML sections, e.g. --training.steps 20 or\n"
+    "--parallelism.data_parallel_shard_degree 2. See configs/ for examples.\n";
+
+struct Args {
+  std::string command;
+  std::string config;
+  std::vector<std::string> overrides;
+  std::map<std::string, std::string> options;  // command-specific (--world, --input, ...)
+};
+
+Args parse_args(int argc, char** argv, const std::vector<std::string>& own_options) {
+  Args a;
+  if (argc < 2) MT_THROW(ConfigError, "no command given\n{}", kUsage);
+  a.command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string s = argv[i];
+    auto takes_value = [&](const std::string& name) {
+      MT_CHECK_T(ConfigError, i + 1 < argc, "{} expects a value", name);
+      return std::string(argv[++i]);
+    };
+    if (s == "--config" || s == "--job.config_file") {
+      a.config = takes_value(s);
+    } else if (s.rfind("--config=", 0) == 0) {
+      a.config = s.substr(9);
+    } else if (std::find(own_options.begin(), own_options.end(), s) != own_options.end()) {
+      a.options[s] = takes_value(s);
+    } else {
+      a.overrides.push_back(s);
+    }
+  }
+  return a;
+}
+
+int run_train(int argc, char** argv) {
+  Args a = parse_args(argc, argv, {"--nproc"});
+  if (a.options.count("--nproc")) {
+    int n = std::stoi(a.options["--nproc"]);
+    MT_CHECK_T(ConfigError, n >= 1, "--nproc expects a positive rank count, found {}", n);
+    if (n > 1 || meshtrain::detect_launch().world_size == 1)
+      return meshtrain::launch_local(n, argc, argv);
+  }
+  MT_CHECK_T(ConfigError, !a.config.empty(), "train needs --config FILE (see configs/)");
+  meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
+  meshtrain::Runtime runtime(&argc, &argv);
+  meshtrain::Trainer trainer(cfg, runtime);
+  trainer.train();
+  return 0;
+}
+
+int run_plan(int argc, char** argv) {
+  Args a = parse_args(argc, argv, {"--world", "--rank"});
+  MT_CHECK_T(ConfigError, !a.config.empty(), "plan needs --config FILE (see configs/)");
+  meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
+  int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 1;
+  int rank = a.options.count("--rank") ? std::stoi(a.options["--rank"]) : 0;
+  std::printf("%s", meshtrain::plan_report(cfg, world, rank).c_str());
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  std::string command = argc >= 2 ? argv[1] : "";
   try {
-    std::printf("meshtrain: not yet wired\n");
-    return 0;
+    if (command == "train") return run_train(argc, argv);
+    if (command == "plan") return run_plan(argc, argv);
+    if (command == "--help" || command == "-h" || command == "help") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    MT_THROW(ConfigError, "unknown command '{}'\n{}", command, kUsage);
   } catch (const meshtrain::Error& e) {
     std::fprintf(stderr, "meshtrain: %s\n", e.what());
+    std::fflush(stderr);
+    if (meshtrain::detect_launch().world_size > 1) meshtrain::abort_all(1);
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "meshtrain: %s\n", e.what());
+    std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+    std::fflush(stderr);
+    if (meshtrain::detect_launch().world_size > 1) meshtrain::abort_all(1);
     return 1;
   }
 }

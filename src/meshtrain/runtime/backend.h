@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/runtime/device.h"
 #include "meshtrain/tensor/allocator.h"
 
@@ -48,6 +49,10 @@ class Backend {
   virtual void fill_zero(void* dst, size_t bytes, Stream& s) = 0;
   virtual void synchronize() = 0;
   virtual std::string description() const = 0;
+  // Bytes of device memory (host RAM for the CPU backend), for the memory percentage.
+  virtual int64_t memory_capacity() const = 0;
+  // Dense peak FLOP/s of the device for a dtype, for MFU; <= 0 when unknown (CPUs).
+  virtual double peak_flops(DType dtype) const = 0;
 };
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(int local_index)>;

@@ -2,6 +2,7 @@
 // only timestamps and waits are no-ops.
 #include <chrono>
 #include <cstring>
+#include <unistd.h>
 
 #include "meshtrain/runtime/backend.h"
 
@@ -48,6 +49,10 @@ class CpuBackend final : public Backend {
   }
   void synchronize() override {}
   std::string description() const override { return "cpu"; }
+  int64_t memory_capacity() const override {
+    return int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+  }
+  double peak_flops(DType) const override { return 0.0; }
 
  private:
   std::vector<std::unique_ptr<CpuStream>> streams_;

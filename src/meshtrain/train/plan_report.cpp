@@ -1,0 +1,68 @@
+// plan_report: the same build_step_graph the trainer uses, over a virtual mesh layout.
+#include "meshtrain/train/plan_report.h"
+
+#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/graph/memory_plan.h"
+#include "meshtrain/model/counting.h"
+#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/train/step_graph.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain {
+namespace {
+std::string gib(int64_t b) { return fmt::format("{:8.3f} GiB", double(b) / double(1ull << 30)); }
+}  // namespace
+
+std::string plan_report(const JobConfig& cfg, int world, int rank) {
+  MT_CHECK_T(ConfigError, world >= 1 && rank >= 0 && rank < world,
+             "plan: --rank {} must be in [0, --world {})", rank, world);
+  ParallelDims dims;
+  dims.dp_replicate = cfg.parallelism.data_parallel_replicate_degree;
+  dims.dp_shard = cfg.parallelism.data_parallel_shard_degree;
+  dims.cp = cfg.parallelism.context_parallel_degree;
+  dims.tp = cfg.parallelism.tensor_parallel_degree;
+  dims.ep = cfg.parallelism.expert_parallel_degree;
+  dims.etp = cfg.parallelism.expert_tensor_parallel_degree;
+  dims.world = world;
+  MeshLayout layout(dims);
+  MeshGroups groups(layout, rank);
+  const std::string device = resolve_device(cfg.job.device);
+  StepGraphOptions so;
+  so.tokenizer_vocab = make_tokenizer("byte")->vocab_size();
+  so.compute_dtype = resolve_compute_dtype(cfg.training.mixed_precision_param, device);
+  so.master_dtype = parse_dtype(cfg.training.master_dtype);
+  so.reduce_dtype = parse_dtype(cfg.training.mixed_precision_reduce);
+  std::unique_ptr<StepGraph> sg = build_step_graph(cfg, &groups, so);
+  ModelCounts c = count_model(*sg->model, *sg->plan, cfg.training.seq_len);
+  MemoryPlan mp = plan_memory(sg->graph, device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU);
+  const int64_t moments = 2 * mp.parameter_bytes;  // AdamW exp_avg and exp_avg_sq, like masters
+
+  std::string r;
+  r += fmt::format("model:       {}\n", sg->model->describe());
+  r += fmt::format("parameters:  {} total ({}), {} active ({:.2f}B without the input embedding)\n",
+                   human_count(double(c.total_params)), c.total_params,
+                   human_count(c.active_params), c.active_non_embedding / 1e9);
+  r += fmt::format("flops/token: {:.4g} (training, 6 × active non-embedding params + attention)\n",
+                   c.flops_per_token);
+  r += fmt::format("layout:      {} | rank {} of {}\n", layout.dims().to_string(), rank, world);
+  r += fmt::format("batch:       local {} × seq {} on {} ({} compute, {} master)\n",
+                   cfg.training.local_batch_size, cfg.training.seq_len, device,
+                   dtype_name(so.compute_dtype), dtype_name(so.master_dtype));
+  r += fmt::format("memory plan of rank {}:\n", rank);
+  r += fmt::format("  parameters (master shards) {}\n", gib(mp.parameter_bytes));
+  r += fmt::format("  gradients                  {}\n", gib(mp.gradient_bytes));
+  r += fmt::format("  optimizer moments          {}\n", gib(moments));
+  r += fmt::format("  other state                {}\n", gib(mp.state_bytes));
+  r += fmt::format("  activations (arena peak)   {}  (live peak {})\n", gib(mp.arena_bytes),
+                   gib(mp.live_peak_bytes));
+  r += fmt::format("  inputs                     {}\n", gib(mp.input_bytes));
+  r += fmt::format("  total                      {}\n", gib(mp.total_bytes() + moments));
+  r += fmt::format("step graph:  {} nodes, {} values", mp.schedule.size(), sg->graph.num_values());
+  if (sg->reshard.gathers_recomputed > 0)
+    r += fmt::format("; reshard_after_forward re-gathers {} weights in backward ({} not held)",
+                     sg->reshard.gathers_recomputed, gib(sg->reshard.bytes_released));
+  r += "\n";
+  return r;
+}
+
+}  // namespace meshtrain

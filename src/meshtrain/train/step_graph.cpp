@@ -1,0 +1,58 @@
+// build_step_graph: the one place the step graph is assembled.
+#include "meshtrain/train/step_graph.h"
+
+#include "meshtrain/graph/autodiff.h"
+#include "meshtrain/ops/elementwise.h"
+
+namespace meshtrain {
+
+std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLayout* layout,
+                                            const StepGraphOptions& o) {
+  auto sg = std::make_unique<StepGraph>();
+  ModelOptions mo;
+  mo.name = cfg.model.name;
+  mo.flavor = cfg.model.flavor;
+  mo.tokenizer_vocab = o.tokenizer_vocab;
+  mo.vocab_override = cfg.model.vocab_size;
+  mo.n_layers_override = int(cfg.model.n_layers);
+  mo.seq_len = cfg.training.seq_len;
+  sg->model = create_model(mo);
+  sg->plan = std::make_unique<ParallelPlan>(
+      PlanConfig{.master_dtype = o.master_dtype, .compute_dtype = o.compute_dtype,
+                 .reduce_dtype = o.reduce_dtype},
+      layout);
+  sg->local_batch = cfg.training.local_batch_size;
+  sg->seq_len = cfg.training.seq_len;
+
+  Graph& g = sg->graph;
+  Builder b(g);
+  const Shape bs{sg->local_batch, sg->seq_len};
+  sg->tokens = b.input("tokens", {bs, DType::kI32});
+  sg->labels = b.input("labels", {bs, DType::kI32});
+  sg->token_count = b.input("token_count", {Shape{1}, DType::kI64});
+  ModelInputs in{sg->tokens, sg->labels, sg->token_count, sg->local_batch, sg->seq_len};
+  sg->loss = sg->model->build(b, *sg->plan, in);
+  sg->loss_sum = b.persistent("loss_sum", b.meta(sg->loss), ValueRole::kState);
+  ops::accumulate(b, sg->loss_sum, sg->loss);
+
+  GradientMap grads = differentiate(g, sg->loss, sg->plan->trainable_masters());
+  Builder bb(g, NodePhase::kBackward);
+  sg->plan->attach_gradients(bb, grads);
+  eliminate_dead_nodes(g);
+
+  const auto policy = cfg.parallelism.fsdp_reshard_after_forward;
+  const int n_layers = sg->model->n_layers();
+  if (policy != ReshardAfterForward::kNever && layout && layout->group_size("fsdp") > 1) {
+    // torchtitan's "default": every transformer block but the last reshards (backward starts
+    // with the last block right away); the root parameters stay gathered.
+    const std::string last = fmt::format("layers.{}", n_layers - 1);
+    sg->reshard = reshard_after_forward(g, "fsdp", [&](const std::string& scope) {
+      if (policy == ReshardAfterForward::kAlways) return true;
+      if (scope.rfind("layers.", 0) != 0) return false;
+      return !(scope == last || scope.rfind(last + ".", 0) == 0);
+    });
+  }
+  return sg;
+}
+
+}  // namespace meshtrain

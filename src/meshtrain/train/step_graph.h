@@ -1,0 +1,36 @@
+// The training step graph of one micro-batch, built the same way for `train` and `plan`:
+// inputs → model forward → loss → autodiff → gradient accumulation sinks → passes
+// (dead-code elimination, FSDP reshard-after-forward). Shapes are this rank's local shapes.
+#pragma once
+
+#include <memory>
+
+#include "meshtrain/graph/passes/reshard_after_forward.h"
+#include "meshtrain/model/model.h"
+#include "meshtrain/parallel/group_layout.h"
+#include "meshtrain/train/job_config.h"
+
+namespace meshtrain {
+
+struct StepGraph {
+  Graph graph;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<ParallelPlan> plan;
+  ValueId tokens = kNoValue, labels = kNoValue, token_count = kNoValue;
+  ValueId loss = kNoValue;      // this micro-batch's loss (already divided by the global count)
+  ValueId loss_sum = kNoValue;  // persistent [1] accumulator of `loss` over a step's micro-batches
+  ReshardStats reshard;
+  int64_t local_batch = 0, seq_len = 0;
+};
+
+struct StepGraphOptions {
+  int64_t tokenizer_vocab = 0;
+  DType compute_dtype = DType::kF32;
+  DType master_dtype = DType::kF32;
+  DType reduce_dtype = DType::kF32;
+};
+
+std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLayout* layout,
+                                            const StepGraphOptions& options);
+
+}  // namespace meshtrain

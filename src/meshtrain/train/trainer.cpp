@@ -1,0 +1,256 @@
+// Trainer: construction (the start-up sequence) and the step loop.
+#include "meshtrain/train/trainer.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "meshtrain/core/logging.h"
+#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/train/step_graph.h"
+
+namespace meshtrain {
+
+class Trainer::Services final : public ExecServices {
+ public:
+  Services(Backend& backend, DeviceMesh& mesh) : backend_(backend), mesh_(mesh) {}
+  Communicator& comm(const std::string& group) override { return mesh_.comm(group); }
+  Backend& backend() override { return backend_; }
+
+ private:
+  Backend& backend_;
+  DeviceMesh& mesh_;
+};
+
+std::string resolve_device(const std::string& device) {
+  if (device == "auto") return backend_available("cuda") ? "cuda" : "cpu";
+  return device;
+}
+
+DType resolve_compute_dtype(const std::string& p, const std::string& device) {
+  if (p == "auto") return device == "cuda" ? DType::kBF16 : DType::kF32;
+  DType d = parse_dtype(p);
+  MT_CHECK_T(ConfigError, !(device == "cpu" && d == DType::kBF16),
+             "[training] mixed_precision_param = \"bfloat16\" needs [job] device = \"cuda\": the "
+             "cpu backend computes in float32 or float64");
+  return d;
+}
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+std::string gib(int64_t b) { return fmt::format("{:.3f} GiB", double(b) / double(1ull << 30)); }
+
+void check_supported(const JobConfig& cfg) {
+  const auto& p = cfg.parallelism;
+  MT_CHECK_T(ConfigError, p.tensor_parallel_degree == 1 && p.context_parallel_degree == 1 &&
+                              p.expert_parallel_degree == 1,
+             "tensor, context and expert parallel degrees > 1 are not implemented yet (found tp={}, "
+             "cp={}, ep={}); use data_parallel_* degrees",
+             p.tensor_parallel_degree, p.context_parallel_degree, p.expert_parallel_degree);
+  MT_CHECK_T(ConfigError, cfg.activation_checkpoint.mode == "none",
+             "[activation_checkpoint] mode = \"{}\" is not implemented yet; use \"none\"",
+             cfg.activation_checkpoint.mode);
+}
+}  // namespace
+
+Trainer::Trainer(const JobConfig& cfg, Runtime& runtime) : cfg_(cfg), runtime_(runtime) {
+  check_supported(cfg_);
+  const std::string device = resolve_device(cfg_.job.device);
+  compute_dtype_ = resolve_compute_dtype(cfg_.training.mixed_precision_param, device);
+  master_dtype_ = parse_dtype(cfg_.training.master_dtype);
+  reduce_dtype_ = parse_dtype(cfg_.training.mixed_precision_reduce);
+  backend_ = create_backend(device, runtime_.launch().local_rank);
+
+  // Mesh: one communicator per named group, over the world communicator of this device's backend.
+  ParallelDims dims;
+  dims.dp_replicate = cfg_.parallelism.data_parallel_replicate_degree;
+  dims.dp_shard = cfg_.parallelism.data_parallel_shard_degree;
+  dims.cp = cfg_.parallelism.context_parallel_degree;
+  dims.tp = cfg_.parallelism.tensor_parallel_degree;
+  dims.ep = cfg_.parallelism.expert_parallel_degree;
+  dims.etp = cfg_.parallelism.expert_tensor_parallel_degree;
+  dims.world = runtime_.world_size();
+  Communicator& world = runtime_.world(device == "cuda" ? "nccl" : "mpi");
+  mesh_ = std::make_unique<DeviceMesh>(world, dims);
+  layout_ = std::make_unique<MeshGroups>(mesh_->layout(), mesh_->rank());
+  services_ = std::make_unique<Services>(*backend_, *mesh_);
+  const int dp = mesh_->size("dp"), dp_rank = mesh_->coord("dp");
+
+  // Data.
+  tokenizer_ = make_tokenizer("byte");
+  DataSource source = open_data_source(cfg_.training.dataset, cfg_.training.dataset_path);
+  accum_steps_ = gradient_accumulation_steps(cfg_.training, dp);
+  loader_ = std::make_unique<TokenLoader>(source, *tokenizer_, cfg_.training.seq_len,
+                                          cfg_.training.local_batch_size, dp_rank, dp,
+                                          accum_steps_, uint64_t(cfg_.training.seed));
+  tokens_per_step_ = cfg_.training.local_batch_size * cfg_.training.seq_len * dp * accum_steps_;
+
+  // The step graph, its memory plan, and the executor.
+  StepGraphOptions so{.tokenizer_vocab = std::max<int64_t>(tokenizer_->vocab_size(),
+                                                            int64_t(loader_->max_token_id()) + 1),
+                      .compute_dtype = compute_dtype_,
+                      .master_dtype = master_dtype_,
+                      .reduce_dtype = reduce_dtype_};
+  std::unique_ptr<StepGraph> sg = build_step_graph(cfg_, layout_.get(), so);
+  graph_ = std::move(sg->graph);
+  model_ = std::move(sg->model);
+  plan_ = std::move(sg->plan);
+  tokens_ = sg->tokens;
+  labels_ = sg->labels;
+  token_count_ = sg->token_count;
+  loss_ = sg->loss;
+  loss_sum_ = sg->loss_sum;
+  counts_ = count_model(*model_, *plan_, cfg_.training.seq_len);
+
+  exec_ = std::make_unique<Executor>(graph_, plan_memory(graph_, backend_->device().type),
+                                     *backend_, services_.get());
+  store_ = std::make_unique<ParamStore>(*plan_, *backend_);
+  store_->initialize(uint64_t(cfg_.training.seed));
+  store_->bind(*exec_);
+  const TensorMeta& lm = graph_.value(loss_sum_).meta;
+  loss_sum_buffer_ = Tensor::empty(lm.shape, lm.dtype, backend_->allocator());
+  exec_->bind(loss_sum_, loss_sum_buffer_);
+  exec_->prepare();
+  host_scalar_ = Tensor::empty(lm.shape, lm.dtype, backend_->host_staging_allocator());
+  reshard_ = sg->reshard;
+
+  // The loss is normalised by the global number of target tokens of the step (packed windows:
+  // every label counts), written once since it never changes.
+  Tensor count_host = Tensor::from_vector(std::vector<int64_t>{tokens_per_step_}, Shape{1});
+  backend_->copy(exec_->tensor(token_count_).raw(), count_host.raw(), 8, CopyKind::kHostToDevice,
+                 backend_->stream(0));
+  feeder_ = std::make_unique<InputFeeder>(*backend_, exec_->tensor(tokens_), exec_->tensor(labels_));
+
+  ops::AdamWParams ap{.beta1 = cfg_.optimizer.beta1,
+                      .beta2 = cfg_.optimizer.beta2,
+                      .eps = cfg_.optimizer.eps,
+                      .weight_decay = cfg_.optimizer.weight_decay,
+                      .max_norm = cfg_.training.max_norm};
+  optimizer_ = std::make_unique<Optimizer>(*store_, ap, *backend_, services_.get());
+  schedule_ = std::make_unique<LrSchedule>(LrScheduleConfig{
+      .lr = cfg_.optimizer.lr,
+      .warmup_steps = cfg_.lr_scheduler.warmup_steps,
+      .decay_ratio = cfg_.lr_scheduler.decay_ratio.value_or(-1.0),
+      .decay_type = cfg_.lr_scheduler.decay_type,
+      .min_lr_factor = cfg_.lr_scheduler.min_lr_factor,
+      .training_steps = cfg_.training.steps});
+
+  dump_folder_ = cfg_.job.dump_folder;
+  if (runtime_.rank() == 0) {
+    std::filesystem::create_directories(dump_folder_);
+    std::ofstream(std::filesystem::path(dump_folder_) / "config.toml")
+        << job_config_to_values(cfg_).to_toml();
+  }
+  metrics_ = std::make_unique<MetricsLogger>(
+      runtime_.rank() == 0 && cfg_.metrics.enable_jsonl
+          ? (std::filesystem::path(dump_folder_) / "metrics.jsonl").string()
+          : std::string());
+  sg.reset();
+  log_startup();
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::log_startup() const {
+  const MemoryPlan& mp = exec_->plan();
+  log_info("meshtrain | device {} | world {} ({} launch)", backend_->description(),
+           runtime_.world_size(), runtime_.launch().launcher);
+  log_info("{}", mesh_->describe());
+  log_info("model: {}", model_->describe());
+  log_info("parameters: {} total, {} active ({} without the input embedding); {:.3g} GFLOP/token",
+           human_count(double(counts_.total_params)), human_count(counts_.active_params),
+           human_count(counts_.active_non_embedding), counts_.flops_per_token / 1e9);
+  log_info("dtypes: compute {}, master {}, reduce {}", dtype_name(compute_dtype_),
+           dtype_name(master_dtype_), dtype_name(reduce_dtype_));
+  log_info("data: {}", loader_->description());
+  log_info("tokens per step: {} (local batch {} × seq {} × dp {} × accumulation {})",
+           tokens_per_step_, cfg_.training.local_batch_size, cfg_.training.seq_len,
+           mesh_->size("dp"), accum_steps_);
+  log_info("memory plan (per rank): {}; optimizer moments {}", mp.summary(),
+           gib(2 * store_->trainable_numel() * int64_t(dtype_size(master_dtype_))));
+  log_info("step graph: {} nodes, {} values{}", exec_->plan().schedule.size(), graph_.num_values(),
+           plan_->group_size("fsdp") > 1
+               ? fmt::format("; fsdp {} over {} ranks, reshard_after_forward {} ({} gathers redone in backward)",
+                             mesh_->dims().mode_name(), plan_->group_size("fsdp"),
+                             reshard_after_forward_name(cfg_.parallelism.fsdp_reshard_after_forward),
+                             reshard_.gathers_recomputed)
+               : std::string());
+  log_info("optimizer: AdamW lr {:g} betas ({:g}, {:g}) eps {:g} weight_decay {:g}, max_norm {:g}; "
+           "warmup {} steps, {} decay to {:g}× over {} steps",
+           cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
+           cfg_.optimizer.weight_decay, cfg_.training.max_norm, cfg_.lr_scheduler.warmup_steps,
+           cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor, cfg_.training.steps);
+  log_info("dump folder: {}", dump_folder_);
+}
+
+double Trainer::read_step_loss() {
+  Stream& s = backend_->stream(0);
+  // The step's loss is summed over micro-batches on this rank; the global mean is the sum over
+  // the data-parallel (and context-parallel) ranks, since each already divided by the global count.
+  mesh_->comm("loss").all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
+  backend_->copy(host_scalar_.raw(), loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(),
+                 CopyKind::kDeviceToHost, s);
+  // Host sync: the loss is read for the log line, on logging steps only.
+  s.synchronize();
+  return host_scalar_.item_as_double(0);
+}
+
+StepRecord Trainer::step(bool read_back) {
+  ++step_;
+  Stream& s = backend_->stream(0);
+  backend_->fill_zero(loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(), s);
+  for (int64_t m = 0; m < accum_steps_; ++m) {
+    feeder_->feed(*loader_);
+    exec_->run();
+  }
+  StepRecord r;
+  r.step = step_;
+  r.lr = schedule_->lr_at_step(step_);
+  optimizer_->step(step_, r.lr);
+  if (read_back) {
+    r.loss = read_step_loss();
+    r.grad_norm = optimizer_->last_grad_norm();
+  }
+  return r;
+}
+
+std::vector<StepRecord> Trainer::train() {
+  std::vector<StepRecord> logged;
+  const int64_t log_freq = std::max<int64_t>(1, cfg_.metrics.log_freq);
+  auto t_last = std::chrono::steady_clock::now();
+  int64_t steps_since = 0;
+  while (step_ < cfg_.training.steps) {
+    bool log_now = (step_ + 1) % log_freq == 0 || step_ == 0 || step_ + 1 == cfg_.training.steps;
+    StepRecord r = step(log_now);
+    ++steps_since;
+    if (!log_now) continue;
+    double elapsed = seconds_since(t_last);
+    StepMetrics m;
+    m.step = r.step;
+    m.loss = r.loss;
+    m.grad_norm = r.grad_norm;
+    m.lr = r.lr;
+    m.step_time_s = elapsed / double(steps_since);
+    const int non_dp = plan_->group_size("cp") * plan_->group_size("tp");
+    double local_tokens = double(cfg_.training.local_batch_size * cfg_.training.seq_len *
+                                 accum_steps_ * steps_since);
+    m.tps = local_tokens / elapsed / double(non_dp);
+    m.tflops = counts_.flops_per_token * m.tps / 1e12;
+    const double peak = backend_->peak_flops(compute_dtype_);
+    m.mfu = peak > 0 ? 100.0 * counts_.flops_per_token * m.tps / peak : -1.0;
+    m.memory_gib = double(backend_->allocator().peak_bytes()) / double(1ull << 30);
+    m.memory_pct = 100.0 * double(backend_->allocator().peak_bytes()) /
+                   double(std::max<int64_t>(backend_->memory_capacity(), 1));
+    metrics_->log(m);
+    logged.push_back(r);
+    t_last = std::chrono::steady_clock::now();
+    steps_since = 0;
+  }
+  backend_->synchronize();
+  log_info("training done: {} steps", step_);
+  return logged;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,90 @@
+// Trainer: the spine. Build once (mesh, data, model graph, autodiff, passes, memory plan,
+// parameters, optimizer), then run optimizer steps: A micro-batches of forward+backward, one
+// fused AdamW pass, the LR schedule, and metrics every log_freq steps.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/bootstrap.h"
+#include "meshtrain/data/loader.h"
+#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/graph/executor.h"
+#include "meshtrain/graph/passes/reshard_after_forward.h"
+#include "meshtrain/model/counting.h"
+#include "meshtrain/model/model.h"
+#include "meshtrain/optim/lr_schedule.h"
+#include "meshtrain/optim/optimizer.h"
+#include "meshtrain/optim/param_store.h"
+#include "meshtrain/parallel/mesh.h"
+#include "meshtrain/train/input_feeder.h"
+#include "meshtrain/train/job_config.h"
+#include "meshtrain/train/metrics.h"
+
+namespace meshtrain {
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;       // global mean token loss of the step
+  double grad_norm = 0;  // global norm before clipping
+  double lr = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const JobConfig& cfg, Runtime& runtime);
+  ~Trainer();
+
+  // Runs [training] steps steps with logging; returns every logged step.
+  std::vector<StepRecord> train();
+  // One optimizer step. `read_back` syncs to fetch loss and norm (logging steps).
+  StepRecord step(bool read_back);
+
+  const ParallelPlan& plan() const { return *plan_; }
+  const ParamStore& params() const { return *store_; }
+  const Executor& executor() const { return *exec_; }
+  const Graph& graph() const { return graph_; }
+  const ModelCounts& counts() const { return counts_; }
+  int64_t steps_done() const { return step_; }
+  int64_t tokens_per_step() const { return tokens_per_step_; }
+
+ private:
+  class Services;
+  void build_graph();
+  void log_startup() const;
+  double read_step_loss();
+
+  JobConfig cfg_;
+  Runtime& runtime_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DeviceMesh> mesh_;
+  std::unique_ptr<GroupLayout> layout_;
+  std::unique_ptr<Services> services_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<TokenLoader> loader_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ParallelPlan> plan_;
+  Graph graph_;
+  std::unique_ptr<Executor> exec_;
+  std::unique_ptr<ParamStore> store_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<InputFeeder> feeder_;
+  std::unique_ptr<LrSchedule> schedule_;
+  std::unique_ptr<MetricsLogger> metrics_;
+  ModelCounts counts_;
+  ReshardStats reshard_;
+  DType compute_dtype_ = DType::kF32, master_dtype_ = DType::kF32, reduce_dtype_ = DType::kF32;
+  ValueId tokens_ = kNoValue, labels_ = kNoValue, token_count_ = kNoValue, loss_ = kNoValue;
+  ValueId loss_sum_ = kNoValue;
+  Tensor loss_sum_buffer_, host_scalar_;
+  int64_t accum_steps_ = 1, tokens_per_step_ = 0, step_ = 0;
+  std::string dump_folder_;
+};
+
+// Resolves [job] device "auto" and the compute/master/reduce dtypes for that device, with the
+// errors a user can hit (bf16 compute on the cpu backend, ...).
+std::string resolve_device(const std::string& device);
+DType resolve_compute_dtype(const std::string& mixed_precision_param, const std::string& device);
+
+}  // namespace meshtrain
