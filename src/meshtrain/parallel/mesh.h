@@ -1,0 +1,99 @@
+// Device mesh: the rank layout of a run and one communicator per named mesh group, split once
+// at start-up from any world Communicator (MPI now, NCCL later). Layout arithmetic lives in
+// MeshLayout (pure, no communicator) so tests and other backends reuse it unchanged.
+//
+// Dense mesh, dims (dp_replicate R, dp_shard S, cp C, tp T), tp innermost:
+//     rank = ((r*S + s)*C + c)*T + t
+// Expert mesh over the same ranks, dims (dp_replicate R, efsdp F, ep E, etp U) with
+// F = S*C*T / (E*U), ep contiguous and innermost but for etp:
+//     rank = ((r*F + f)*E + e)*U + u
+// so inside one dp_replicate block b = rank mod (S*C*T) = (f*E + e)*U + u. With etp == tp the
+// etp group is exactly the tp group and ep is carved from dp_shard×cp (cp first); with etp == 1
+// ep takes consecutive ranks: tp first, then cp, then dp_shard (ep ranks sit close together).
+//
+// Groups (a group is the set of ranks that differ only in the listed dims; a rank's index in a
+// group, its coord(), is its position in rank order, which is the row-major index over those
+// dims):
+//   world                          all ranks
+//   dp_replicate, dp_shard, cp, tp one dense dim each
+//   fsdp = dp_shard×cp             dense parameter sharding
+//   dp   = dp_replicate×dp_shard   data loading
+//   loss = dp_replicate×dp_shard×cp  token counts for the loss
+//   ep, efsdp, etp                 one expert dim each
+//   edp  = dp_replicate×efsdp      expert gradient reduction
+// Every group exists even when its degree is 1 (a communicator of size 1).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/parallel/parallel_dims.h"
+
+namespace meshtrain {
+
+class MeshLayout {
+ public:
+  // Validates a copy of `dims` (dims.world must be set).
+  explicit MeshLayout(const ParallelDims& dims);
+
+  struct Coords {
+    int dp_replicate = 0, dp_shard = 0, cp = 0, tp = 0;  // dense mesh
+    int efsdp = 0, ep = 0, etp = 0;                      // expert mesh (same dp_replicate)
+  };
+
+  const ParallelDims& dims() const { return dims_; }
+  int world() const { return dims_.world; }
+  Coords coords(int rank) const;
+  int dense_rank(int dp_replicate, int dp_shard, int cp, int tp) const;
+  int expert_rank(int dp_replicate, int efsdp, int ep, int etp) const;
+
+  // Every group name, in creation order: world, dense dims, dense views, expert dims, edp.
+  static const std::vector<std::string>& group_names();
+  static bool is_group(const std::string& name);
+  // "dp_shard×cp" for views, the dim's own name for a single dim.
+  static std::string group_dims(const std::string& name);
+  int group_size(const std::string& name) const;
+  // Position of `rank` inside its group of this name (row-major over the group's dims).
+  int group_index(const std::string& name, int rank) const;
+  // Same value for exactly the ranks that share this group with `rank`.
+  int group_color(const std::string& name, int rank) const;
+  // World ranks of the group containing `rank`, in group order.
+  std::vector<int> group_ranks(const std::string& name, int rank) const;
+
+ private:
+  ParallelDims dims_;
+};
+
+class DeviceMesh {
+ public:
+  // Collective over `world`: every rank builds the same mesh. dims.world == 0 takes the
+  // communicator's size; any other value must equal it. Needs no GPU.
+  DeviceMesh(Communicator& world, ParallelDims dims);
+  DeviceMesh(const DeviceMesh&) = delete;
+  DeviceMesh& operator=(const DeviceMesh&) = delete;
+
+  const ParallelDims& dims() const { return layout_.dims(); }
+  const MeshLayout& layout() const { return layout_; }
+  int rank() const { return rank_; }
+  int world_size() const { return layout_.world(); }
+
+  // The communicator of a named group (see the header comment); ValueError listing the known
+  // names for anything else.
+  Communicator& comm(const std::string& name) const;
+  int coord(const std::string& dim) const;
+  int size(const std::string& dim) const;
+  bool has(const std::string& name) const { return MeshLayout::is_group(name); }
+  // Multi-line table: every group's dims, size and this rank's coordinate.
+  std::string describe() const;
+
+ private:
+  void check_name(const std::string& name) const;
+  MeshLayout layout_;
+  int rank_ = 0;
+  std::map<std::string, std::unique_ptr<Communicator>> comms_;
+};
+
+}  // namespace meshtrain
