@@ -22,12 +22,16 @@ int64_t Llama3Args::ffn_hidden() const {
   return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
 }
 
-std::vector<std::string> llama3_flavors() { return {"debugmodel", "8B", "70B", "405B"}; }
+std::vector<std::string> llama3_flavors() { return {"debugmodel", "tiny", "8B", "70B", "405B"}; }
 
 Llama3Args llama3_flavor(const std::string& flavor) {
   Llama3Args a;
   if (flavor == "debugmodel") {
     a.dim = 256; a.n_layers = 6; a.n_heads = 16; a.rope_theta = 500000; a.vocab_size = 0;
+  } else if (flavor == "tiny") {
+    // meshtrain's test flavor: odd sizes (dim 40, ffn 112) that do not divide by 3, so uneven
+    // FSDP shards are exercised; small enough for many ranks on two cores.
+    a.dim = 40; a.n_layers = 2; a.n_heads = 4; a.multiple_of = 16; a.rope_theta = 500000;
   } else if (flavor == "8B") {
     a.dim = 4096; a.n_layers = 32; a.n_heads = 32; a.n_kv_heads = 8; a.ffn_dim_multiplier = 1.3;
     a.multiple_of = 1024; a.rope_theta = 500000; a.vocab_size = 128256;

@@ -55,13 +55,18 @@ void check_supported(const JobConfig& cfg) {
 }
 }  // namespace
 
-Trainer::Trainer(const JobConfig& cfg, Runtime& runtime) : cfg_(cfg), runtime_(runtime) {
+Trainer::Trainer(const JobConfig& cfg, Runtime& runtime)
+    : Trainer(cfg, runtime.world(resolve_device(cfg.job.device) == "cuda" ? "nccl" : "mpi"),
+              runtime.launch()) {}
+
+Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& launch)
+    : cfg_(cfg), launch_(launch), rank_(world.rank()), world_size_(world.size()) {
   check_supported(cfg_);
   const std::string device = resolve_device(cfg_.job.device);
   compute_dtype_ = resolve_compute_dtype(cfg_.training.mixed_precision_param, device);
   master_dtype_ = parse_dtype(cfg_.training.master_dtype);
   reduce_dtype_ = parse_dtype(cfg_.training.mixed_precision_reduce);
-  backend_ = create_backend(device, runtime_.launch().local_rank);
+  backend_ = create_backend(device, launch_.local_rank);
 
   // Mesh: one communicator per named group, over the world communicator of this device's backend.
   ParallelDims dims;
@@ -71,8 +76,7 @@ Trainer::Trainer(const JobConfig& cfg, Runtime& runtime) : cfg_(cfg), runtime_(r
   dims.tp = cfg_.parallelism.tensor_parallel_degree;
   dims.ep = cfg_.parallelism.expert_parallel_degree;
   dims.etp = cfg_.parallelism.expert_tensor_parallel_degree;
-  dims.world = runtime_.world_size();
-  Communicator& world = runtime_.world(device == "cuda" ? "nccl" : "mpi");
+  dims.world = world_size_;
   mesh_ = std::make_unique<DeviceMesh>(world, dims);
   layout_ = std::make_unique<MeshGroups>(mesh_->layout(), mesh_->rank());
   services_ = std::make_unique<Services>(*backend_, *mesh_);
@@ -138,13 +142,13 @@ Trainer::Trainer(const JobConfig& cfg, Runtime& runtime) : cfg_(cfg), runtime_(r
       .training_steps = cfg_.training.steps});
 
   dump_folder_ = cfg_.job.dump_folder;
-  if (runtime_.rank() == 0) {
+  if (rank_ == 0) {
     std::filesystem::create_directories(dump_folder_);
     std::ofstream(std::filesystem::path(dump_folder_) / "config.toml")
         << job_config_to_values(cfg_).to_toml();
   }
   metrics_ = std::make_unique<MetricsLogger>(
-      runtime_.rank() == 0 && cfg_.metrics.enable_jsonl
+      rank_ == 0 && cfg_.metrics.enable_jsonl
           ? (std::filesystem::path(dump_folder_) / "metrics.jsonl").string()
           : std::string());
   sg.reset();
@@ -155,8 +159,8 @@ Trainer::~Trainer() = default;
 
 void Trainer::log_startup() const {
   const MemoryPlan& mp = exec_->plan();
-  log_info("meshtrain | device {} | world {} ({} launch)", backend_->description(),
-           runtime_.world_size(), runtime_.launch().launcher);
+  log_info("meshtrain | device {} | world {} ({} launch)", backend_->description(), world_size_,
+           launch_.launcher);
   log_info("{}", mesh_->describe());
   log_info("model: {}", model_->describe());
   log_info("parameters: {} total, {} active ({} without the input embedding); {:.3g} GFLOP/token",

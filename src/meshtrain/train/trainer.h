@@ -33,7 +33,10 @@ struct StepRecord {
 
 class Trainer {
  public:
+  // Uses the runtime's world communicator of the device's backend (MPI for cpu, NCCL for cuda).
   Trainer(const JobConfig& cfg, Runtime& runtime);
+  // Runs over any world communicator (tests run a 1-rank reference beside an N-rank run).
+  Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& launch);
   ~Trainer();
 
   // Runs [training] steps steps with logging; returns every logged step.
@@ -56,7 +59,8 @@ class Trainer {
   double read_step_loss();
 
   JobConfig cfg_;
-  Runtime& runtime_;
+  LaunchInfo launch_;
+  int rank_ = 0, world_size_ = 1;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<GroupLayout> layout_;
