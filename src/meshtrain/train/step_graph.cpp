@@ -6,6 +6,19 @@
 
 namespace meshtrain {
 
+ParallelDims parallel_dims_of(const JobConfig& cfg, int world) {
+  const ParallelismSection& p = cfg.parallelism;
+  ParallelDims d;
+  d.dp_replicate = p.data_parallel_replicate_degree;
+  d.dp_shard = p.data_parallel_shard_degree;
+  d.cp = p.context_parallel_degree;
+  d.tp = p.tensor_parallel_degree;
+  d.ep = p.expert_parallel_degree;
+  d.etp = p.expert_tensor_parallel_degree;
+  d.world = world;
+  return d;
+}
+
 std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLayout* layout,
                                             const StepGraphOptions& o) {
   auto sg = std::make_unique<StepGraph>();

@@ -8,6 +8,7 @@
 #include "meshtrain/graph/passes/reshard_after_forward.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/parallel/group_layout.h"
+#include "meshtrain/parallel/parallel_dims.h"
 #include "meshtrain/train/job_config.h"
 
 namespace meshtrain {
@@ -29,6 +30,9 @@ struct StepGraphOptions {
   DType master_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
 };
+
+// [parallelism] degrees as ParallelDims for a world of `world` ranks (not yet validated).
+ParallelDims parallel_dims_of(const JobConfig& cfg, int world);
 
 std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLayout* layout,
                                             const StepGraphOptions& options);

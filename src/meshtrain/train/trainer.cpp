@@ -69,14 +69,7 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   backend_ = create_backend(device, launch_.local_rank);
 
   // Mesh: one communicator per named group, over the world communicator of this device's backend.
-  ParallelDims dims;
-  dims.dp_replicate = cfg_.parallelism.data_parallel_replicate_degree;
-  dims.dp_shard = cfg_.parallelism.data_parallel_shard_degree;
-  dims.cp = cfg_.parallelism.context_parallel_degree;
-  dims.tp = cfg_.parallelism.tensor_parallel_degree;
-  dims.ep = cfg_.parallelism.expert_parallel_degree;
-  dims.etp = cfg_.parallelism.expert_tensor_parallel_degree;
-  dims.world = world_size_;
+  ParallelDims dims = parallel_dims_of(cfg_, world_size_);
   mesh_ = std::make_unique<DeviceMesh>(world, dims);
   layout_ = std::make_unique<MeshGroups>(mesh_->layout(), mesh_->rank());
   services_ = std::make_unique<Services>(*backend_, *mesh_);
