@@ -91,3 +91,37 @@ TEST(Fsdp, DefaultPolicyKeepsTheLastBlockAndRootParametersGathered) {
 
 }  // namespace
 }  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+TEST(Placement, ParametersCarryTheirPlacementsPerGroup) {
+  JobConfig cfg = testing::tiny_job({"--parallelism.data_parallel_replicate_degree", "2",
+                                     "--parallelism.data_parallel_shard_degree", "2"});
+  ParallelDims dims = parallel_dims_of(cfg, 4);
+  MeshGroups groups{MeshLayout(dims), 3};
+  auto sg = build_step_graph(cfg, &groups, StepGraphOptions{.tokenizer_vocab = 258});
+  const ParamInfo& p = sg->plan->info("output.weight");
+  EXPECT_EQ(p.placement_string(), "fsdp: Shard(0), dp_replicate: Replicate()");
+  // Backward: reduce-scatter over fsdp, then the all-reduce over the replicas.
+  EXPECT_GT(count_ops(sg->graph, "all_reduce", NodePhase::kBackward), 0);
+  EXPECT_EQ(count_ops(sg->graph, "reduce_scatter", NodePhase::kBackward),
+            int(sg->plan->params().size()));
+}
+
+TEST(Placement, RedistributeEmitsTheCollectiveAndAutodiffItsReverse) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", {Shape{4, 3}, DType::kF64});
+  ValueId full = redistribute(b, x, Placement::shard(0), Placement::replicate(), "fsdp", 2);
+  EXPECT_EQ(b.shape(full), (Shape{8, 3}));
+  EXPECT_EQ(g.node(g.value(full).producer).op, "all_gather");
+  ValueId part = redistribute(b, full, Placement::partial(), Placement::shard(0), "tp", 4);
+  EXPECT_EQ(g.node(g.value(part).producer).op, "reduce_scatter");
+  EXPECT_EQ(redistribute(b, x, Placement::replicate(), Placement::replicate(), "tp", 4), x);
+  EXPECT_THROW(redistribute(b, x, Placement::replicate(), Placement::shard(0), "tp", 4), ValueError);
+  EXPECT_EQ(Placement::partial().to_string(), "Partial(sum)");
+}
+
+}  // namespace
+}  // namespace meshtrain

@@ -1,11 +1,12 @@
 // ParallelPlan: SimpleFSDP as placements. A dense parameter is Shard(0) on the `fsdp` view
 // (dp_shard × cp), padded to equal shards, and Replicate on `dp_replicate`. What the model gets:
-//   master ─replicate_grad(dp_replicate)─► cast(param dtype) ─all_gather(fsdp)─►
-//   grad_cast(reduce dtype) ─slice(unpad)─► use
+//   master ─replicate_grad(dp_replicate)─► cast(param dtype) ─redistribute(Shard(0)→Replicate
+//   over fsdp) = all_gather─► grad_cast(reduce dtype) ─slice(unpad)─► use
 // so autodiff produces: pad → cast(reduce) → reduce_scatter(fsdp) → all_reduce(dp_replicate).
 #include "meshtrain/parallel/plan.h"
 
 #include "meshtrain/comm/collective_ops.h"
+#include "meshtrain/parallel/placement.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/parallel/group_layout.h"
@@ -50,13 +51,18 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
     p.piece = LocalPiece{0, rows * group_rank("fsdp")};
     p.shard_degree = n;
     p.shard_group = "fsdp";
+    p.placements.emplace_back("fsdp", Placement::shard(0));
   }
+  const int replicas = group_size("dp_replicate");
+  if (replicas > 1) p.placements.emplace_back("dp_replicate", Placement::replicate());
   p.master = b.persistent(name, {p.local_shape, p.dtype},
                           p.trainable ? ValueRole::kParameter : ValueRole::kState);
   ValueId x = p.master;
-  if (group_size("dp_replicate") > 1) x = ops::replicate_grad(b, x, "dp_replicate");
+  // Replicated across dp_replicate: per-replica gradients are summed in backward.
+  if (replicas > 1) x = ops::replicate_grad(b, x, "dp_replicate");
   x = ops::cast(b, x, config_.compute_dtype);
-  x = ops::all_gather(b, x, "fsdp", n);
+  x = redistribute(b, x, n > 1 ? Placement::shard(0) : Placement::replicate(),
+                   Placement::replicate(), "fsdp", n);
   // Gradients flowing back into the master are reduced in reduce_dtype.
   x = ops::grad_cast(b, x, config_.reduce_dtype);
   if (rows * n != d0) x = ops::slice(b, x, 0, 0, d0);
@@ -89,6 +95,13 @@ void ParallelPlan::attach_gradients(Builder& b, const GradientMap& grads) {
     p.grad = b.persistent(p.name + ".grad", {p.local_shape, p.dtype}, ValueRole::kGradient);
     ops::accumulate(b, p.grad, g);
   }
+}
+
+std::string ParamInfo::placement_string() const {
+  if (placements.empty()) return "whole";
+  std::string s;
+  for (const auto& [group, pl] : placements) s += (s.empty() ? "" : ", ") + group + ": " + pl.to_string();
+  return s;
 }
 
 const ParamInfo& ParallelPlan::info(const std::string& name) const {

@@ -11,6 +11,7 @@
 
 #include "meshtrain/graph/autodiff.h"
 #include "meshtrain/graph/builder.h"
+#include "meshtrain/parallel/placement.h"
 #include "meshtrain/tensor/init.h"
 
 namespace meshtrain {
@@ -37,6 +38,10 @@ struct ParamInfo {
   ValueId grad = kNoValue;    // persistent accumulator (role kGradient)
   int shard_degree = 1;       // ranks the master is split over (1 = replicated/whole)
   std::string shard_group;    // mesh group of that split ("" when whole)
+  // The master's placement on each mesh group it spans, e.g. {fsdp: Shard(0), dp_replicate:
+  // Replicate()}; groups of size 1 are left out.
+  std::vector<std::pair<std::string, Placement>> placements;
+  std::string placement_string() const;
 };
 
 struct PlanConfig {
