@@ -48,7 +48,7 @@ TEST(Fsdp, UnevenShardsArePaddedAndTheLastRankHoldsThePadding) {
   auto sg = graph_for(3, {}, /*rank=*/2);
   const ParamInfo& wq = sg->plan->info("layers.0.attention.wq.weight");  // [40, 40]
   EXPECT_EQ(wq.local_shape, (Shape{14, 40}));
-  EXPECT_EQ(wq.piece.begin, 28);  // rows 28..41 of 40: two padding rows
+  EXPECT_EQ(wq.piece.at(0), 28);  // rows 28..41 of 40: two padding rows
   EXPECT_GT(count_ops(sg->graph, "slice", NodePhase::kForward), 0);
   EXPECT_GT(count_ops(sg->graph, "slice_backward", NodePhase::kBackward), 0);
 }

@@ -133,3 +133,29 @@ TEST(Llama3, WholeModelGradCheckFloat64) {
 
 }  // namespace
 }  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+TEST(Init, AnyBlockEqualsTheSameSliceOfTheFullTensor) {
+  const Shape global{5, 7, 3};
+  InitSpec spec = InitSpec::trunc_normal(0.5, -0.6, 0.6);
+  Tensor full = Tensor::empty(global, DType::kF64);
+  init_local(full, global, LocalPiece{}, spec, 9, "w");
+  // A 3 x 4 x 3 block at (3, 4, 0): rows 3..5 (row 5 is padding), cols 4..7 (col 7 padding).
+  Tensor block = Tensor::empty(Shape{3, 4, 3}, DType::kF64);
+  init_local(block, global, LocalPiece{{3, 4, 0}}, spec, 9, "w");
+  const double* f = full.data<double>();
+  const double* b = block.data<double>();
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 4; ++j)
+      for (int64_t k = 0; k < 3; ++k) {
+        double got = b[(i * 4 + j) * 3 + k];
+        if (3 + i >= 5 || 4 + j >= 7)
+          EXPECT_EQ(got, 0.0);
+        else
+          EXPECT_EQ(got, f[((3 + i) * 7 + (4 + j)) * 3 + k]);
+      }
+  for (int64_t i = 0; i < full.numel(); ++i) EXPECT_LE(std::abs(f[i]), 0.6);
+}
+}  // namespace
+}  // namespace meshtrain

@@ -48,7 +48,7 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
   const int64_t rows = (d0 + n - 1) / n;
   if (n > 1) {
     p.local_shape = global_shape.with(0, rows);
-    p.piece = LocalPiece{0, rows * group_rank("fsdp")};
+    p.piece = LocalPiece{{rows * group_rank("fsdp")}};
     p.shard_degree = n;
     p.shard_group = "fsdp";
     p.placements.emplace_back("fsdp", Placement::shard(0));

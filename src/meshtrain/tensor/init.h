@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "meshtrain/core/shape.h"
 #include "meshtrain/tensor/tensor.h"
@@ -29,12 +30,12 @@ struct InitSpec {
   std::string to_string() const;
 };
 
-// Which elements of the global tensor a local tensor holds: along `dim` (0 or 1 of the global
-// shape viewed as [d0, d1, rest]) the indices [begin, begin + local extent). Indices past the
+// Which block of the global tensor a local tensor holds: along each dim d the global indices
+// [begin[d], begin[d] + local extent) (dims past begin.size() start at 0). Indices past the
 // global extent are padding and are set to zero.
 struct LocalPiece {
-  int dim = 0;
-  int64_t begin = 0;
+  std::vector<int64_t> begin;
+  int64_t at(int d) const { return d < int(begin.size()) ? begin[size_t(d)] : 0; }
 };
 
 // Fills host tensor `local` (float32 or float64) with its piece of the global tensor named

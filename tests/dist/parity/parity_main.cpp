@@ -132,18 +132,28 @@ int main(int argc, char** argv) {
         if (rank == 0) full.copy_from_host(ref_trainer->params().master_to_host(p.name));
         world.broadcast(full, 0, host->stream(0));
         Tensor mine = dist.params().master_to_host(p.name);
-        const int64_t rows = p.local_shape[0], row = p.local_shape.numel() / std::max<int64_t>(rows, 1);
-        for (int64_t r = 0; r < rows; ++r) {
-          int64_t g = p.piece.begin + r;
-          for (int64_t k = 0; k < row; ++k) {
-            double x = mine.item_as_double(r * row + k);
-            double want = g < p.global_shape[0] ? full.item_as_double(g * row + k) : 0.0;
-            double d = g < p.global_shape[0] ? std::abs(x - want) / (1.0 + std::abs(want))
-                                             : (x == 0.0 ? 0.0 : 1.0);
-            if (d > worst_param) {
-              worst_param = d;
-              worst_name = fmt::format("{}[{}][{}]", p.name, g, k);
-            }
+        // Walk the local block; each element maps to global index piece.begin + local index.
+        const Shape& ls = p.local_shape;
+        const int rk = ls.rank();
+        std::vector<int64_t> idx(size_t(rk), 0);
+        for (int64_t i = 0; i < mine.numel(); ++i) {
+          bool pad = false;
+          int64_t flat = 0;
+          for (int d = 0; d < rk; ++d) {
+            int64_t g = p.piece.at(d) + idx[size_t(d)];
+            pad |= g >= p.global_shape[d];
+            flat = flat * p.global_shape[d] + g;
+          }
+          double x = mine.item_as_double(i);
+          double want = pad ? 0.0 : full.item_as_double(flat);
+          double diff = pad ? (x == 0.0 ? 0.0 : 1.0) : std::abs(x - want) / (1.0 + std::abs(want));
+          if (diff > worst_param) {
+            worst_param = diff;
+            worst_name = fmt::format("{}[flat {}]", p.name, pad ? -1 : flat);
+          }
+          for (int d = rk - 1; d >= 0; --d) {
+            if (++idx[size_t(d)] < ls[d]) break;
+            idx[size_t(d)] = 0;
           }
         }
       }
