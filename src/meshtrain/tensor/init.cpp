@@ -36,6 +36,12 @@ double value_at(const InitSpec& s, uint64_t seed, uint64_t stream, uint64_t inde
 }
 }  // namespace
 
+bool LocalPiece::is_padding(const std::vector<int64_t>& g, const Shape& global) const {
+  for (int d = 0; d < global.rank(); ++d)
+    if (g[size_t(d)] >= limit_at(d, global[d])) return true;
+  return false;
+}
+
 void init_local(const Tensor& local, const Shape& global, const LocalPiece& piece,
                 const InitSpec& spec, uint64_t seed, const std::string& name) {
   MT_CHECK(local.device().is_cpu(), "init_local fills host tensors");
@@ -48,7 +54,7 @@ void init_local(const Tensor& local, const Shape& global, const LocalPiece& piec
   for (int d = r - 2; d >= 0; --d) gstride[size_t(d)] = gstride[size_t(d + 1)] * global[d + 1];
   const int64_t inner_local = r ? ls[r - 1] : 1;
   const int64_t inner_begin = r ? piece.at(r - 1) : 0;
-  const int64_t inner_global = r ? global[r - 1] : 1;
+  const int64_t inner_global = r ? piece.limit_at(r - 1, global[r - 1]) : 1;
   const int64_t outer = inner_local ? local.numel() / inner_local : 0;
 
   auto run = [&](auto* out) {
@@ -59,7 +65,7 @@ void init_local(const Tensor& local, const Shape& global, const LocalPiece& piec
       int64_t base = 0;
       for (int d = 0; d + 1 < r; ++d) {
         int64_t g = piece.at(d) + idx[size_t(d)];
-        pad |= g >= global[d];
+        pad |= g >= piece.limit_at(d, global[d]);
         base += g * gstride[size_t(d)];
       }
       T* dst = out + o * inner_local;

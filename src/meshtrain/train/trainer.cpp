@@ -44,11 +44,9 @@ std::string gib(int64_t b) { return fmt::format("{:.3f} GiB", double(b) / double
 
 void check_supported(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
-  MT_CHECK_T(ConfigError, p.tensor_parallel_degree == 1 && p.context_parallel_degree == 1 &&
-                              p.expert_parallel_degree == 1,
-             "tensor, context and expert parallel degrees > 1 are not implemented yet (found tp={}, "
-             "cp={}, ep={}); use data_parallel_* degrees",
-             p.tensor_parallel_degree, p.context_parallel_degree, p.expert_parallel_degree);
+  MT_CHECK_T(ConfigError, p.context_parallel_degree == 1 && p.expert_parallel_degree == 1,
+             "context and expert parallel degrees > 1 are not implemented yet (found cp={}, ep={})",
+             p.context_parallel_degree, p.expert_parallel_degree);
   MT_CHECK_T(ConfigError, cfg.activation_checkpoint.mode == "none",
              "[activation_checkpoint] mode = \"{}\" is not implemented yet; use \"none\"",
              cfg.activation_checkpoint.mode);
@@ -185,8 +183,9 @@ void Trainer::log_startup() const {
 double Trainer::read_step_loss() {
   Stream& s = backend_->stream(0);
   // The step's loss is summed over micro-batches on this rank; the global mean is the sum over
-  // the data-parallel (and context-parallel) ranks, since each already divided by the global count.
-  mesh_->comm("loss").all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
+  // every rank, since each already divided by the global count: data-parallel ranks hold other
+  // sequences, tensor-parallel ranks other token shards (sequence parallel).
+  mesh_->comm("world").all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
   backend_->copy(host_scalar_.raw(), loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(),
                  CopyKind::kDeviceToHost, s);
   // Host sync: the loss is read for the log line, on logging steps only.

@@ -97,6 +97,9 @@ int main(int argc, char** argv) {
       std::vector<std::string> one = {
           "--parallelism.data_parallel_replicate_degree", "1",
           "--parallelism.data_parallel_shard_degree", "1",
+          "--parallelism.tensor_parallel_degree", "1",
+          "--parallelism.expert_parallel_degree", "1",
+          "--parallelism.expert_tensor_parallel_degree", "1",
           "--training.local_batch_size", std::to_string(par.training.local_batch_size * dp),
           "--training.global_batch_size",
           std::to_string(par.training.local_batch_size * dp * accum)};
@@ -137,13 +140,13 @@ int main(int argc, char** argv) {
         const int rk = ls.rank();
         std::vector<int64_t> idx(size_t(rk), 0);
         for (int64_t i = 0; i < mine.numel(); ++i) {
-          bool pad = false;
+          std::vector<int64_t> gidx(static_cast<size_t>(rk));
           int64_t flat = 0;
           for (int d = 0; d < rk; ++d) {
-            int64_t g = p.piece.at(d) + idx[size_t(d)];
-            pad |= g >= p.global_shape[d];
-            flat = flat * p.global_shape[d] + g;
+            gidx[size_t(d)] = p.piece.at(d) + idx[size_t(d)];
+            flat = flat * p.global_shape[d] + gidx[size_t(d)];
           }
+          const bool pad = p.piece.is_padding(gidx, p.global_shape);
           double x = mine.item_as_double(i);
           double want = pad ? 0.0 : full.item_as_double(flat);
           double diff = pad ? (x == 0.0 ? 0.0 : 1.0) : std::abs(x - want) / (1.0 + std::abs(want));
