@@ -54,6 +54,10 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
   if (sg->reshard.gathers_recomputed > 0)
     r += fmt::format("; reshard_after_forward re-gathers {} weights in backward ({} not held)",
                      sg->reshard.gathers_recomputed, gib(sg->reshard.bytes_released));
+  if (sg->checkpoint.regions > 0)
+    r += fmt::format("; activation checkpointing {} recomputes {} nodes in {} blocks",
+                     cfg.activation_checkpoint.mode, sg->checkpoint.nodes_recomputed,
+                     sg->checkpoint.regions);
   r += "\n";
   return r;
 }

@@ -53,6 +53,17 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   sg->plan->attach_gradients(bb, grads);
   eliminate_dead_nodes(g);
 
+  // Activation checkpointing first: the reshard pass then also re-gathers the weights that
+  // recomputed blocks read.
+  const auto& ac = cfg.activation_checkpoint;
+  if (ac.mode == "full") {
+    sg->checkpoint = checkpoint_regions(g, block_regions(1), full_recompute_saves);
+  } else if (ac.mode == "selective") {
+    const int every = ac.selective_layer_interval();
+    sg->checkpoint = every == 0 ? checkpoint_regions(g, block_regions(1), selective_op_saves)
+                                : checkpoint_regions(g, block_regions(every), full_recompute_saves);
+  }
+
   const auto policy = cfg.parallelism.fsdp_reshard_after_forward;
   const int n_layers = sg->model->n_layers();
   if (policy != ReshardAfterForward::kNever && layout && layout->group_size("fsdp") > 1) {

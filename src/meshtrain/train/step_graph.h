@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "meshtrain/graph/passes/activation_checkpoint.h"
 #include "meshtrain/graph/passes/reshard_after_forward.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/parallel/group_layout.h"
@@ -21,6 +22,7 @@ struct StepGraph {
   ValueId loss = kNoValue;      // this micro-batch's loss (already divided by the global count)
   ValueId loss_sum = kNoValue;  // persistent [1] accumulator of `loss` over a step's micro-batches
   ReshardStats reshard;
+  CheckpointStats checkpoint;
   int64_t local_batch = 0, seq_len = 0;
 };
 

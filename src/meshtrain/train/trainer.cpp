@@ -47,9 +47,6 @@ void check_supported(const JobConfig& cfg) {
   MT_CHECK_T(ConfigError, p.context_parallel_degree == 1 && p.expert_parallel_degree == 1,
              "context and expert parallel degrees > 1 are not implemented yet (found cp={}, ep={})",
              p.context_parallel_degree, p.expert_parallel_degree);
-  MT_CHECK_T(ConfigError, cfg.activation_checkpoint.mode == "none",
-             "[activation_checkpoint] mode = \"{}\" is not implemented yet; use \"none\"",
-             cfg.activation_checkpoint.mode);
 }
 }  // namespace
 
@@ -110,6 +107,7 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   exec_->prepare();
   host_scalar_ = Tensor::empty(lm.shape, lm.dtype, backend_->host_staging_allocator());
   reshard_ = sg->reshard;
+  checkpoint_ = sg->checkpoint;
 
   // The loss is normalised by the global number of target tokens of the step (packed windows:
   // every label counts), written once since it never changes.
@@ -172,6 +170,9 @@ void Trainer::log_startup() const {
                              reshard_after_forward_name(cfg_.parallelism.fsdp_reshard_after_forward),
                              reshard_.gathers_recomputed)
                : std::string());
+  if (checkpoint_.regions > 0)
+    log_info("activation checkpointing {}: {} nodes recomputed in backward over {} blocks",
+             cfg_.activation_checkpoint.mode, checkpoint_.nodes_recomputed, checkpoint_.regions);
   log_info("optimizer: AdamW lr {:g} betas ({:g}, {:g}) eps {:g} weight_decay {:g}, max_norm {:g}; "
            "warmup {} steps, {} decay to {:g}× over {} steps",
            cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,

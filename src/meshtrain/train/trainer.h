@@ -11,6 +11,7 @@
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/graph/executor.h"
+#include "meshtrain/graph/passes/activation_checkpoint.h"
 #include "meshtrain/graph/passes/reshard_after_forward.h"
 #include "meshtrain/model/counting.h"
 #include "meshtrain/model/model.h"
@@ -78,6 +79,7 @@ class Trainer {
   std::unique_ptr<MetricsLogger> metrics_;
   ModelCounts counts_;
   ReshardStats reshard_;
+  CheckpointStats checkpoint_;
   DType compute_dtype_ = DType::kF32, master_dtype_ = DType::kF32, reduce_dtype_ = DType::kF32;
   ValueId tokens_ = kNoValue, labels_ = kNoValue, token_count_ = kNoValue, loss_ = kNoValue;
   ValueId loss_sum_ = kNoValue;
