@@ -2,6 +2,7 @@
 #include "meshtrain/train/step_graph.h"
 
 #include "meshtrain/graph/autodiff.h"
+#include "meshtrain/graph/passes/assign_streams.h"
 #include "meshtrain/ops/elementwise.h"
 
 namespace meshtrain {
@@ -76,6 +77,8 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
       return !(scope == last || scope.rfind(last + ".", 0) == 0);
     });
   }
+  // Last: collectives onto one stream per mesh group (the CPU backend runs streams in order).
+  sg->streams = assign_streams(g);
   return sg;
 }
 

@@ -3,6 +3,7 @@
 // (dead-code elimination, FSDP reshard-after-forward). Shapes are this rank's local shapes.
 #pragma once
 
+#include <map>
 #include <memory>
 
 #include "meshtrain/graph/passes/activation_checkpoint.h"
@@ -23,6 +24,7 @@ struct StepGraph {
   ValueId loss_sum = kNoValue;  // persistent [1] accumulator of `loss` over a step's micro-batches
   ReshardStats reshard;
   CheckpointStats checkpoint;
+  std::map<std::string, int> streams;  // mesh group -> stream index
   int64_t local_batch = 0, seq_len = 0;
 };
 
