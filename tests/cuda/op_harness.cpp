@@ -58,7 +58,8 @@ std::vector<double> draw(const InputSpec& s, DType device_dtype, std::mt19937_64
     if (s.gen) {
       x = s.gen(rng, i);
     } else if (!is_floating(device_dtype)) {
-      x = double(std::uniform_int_distribution<int64_t>(s.int_lo, std::max(s.int_lo, s.int_hi - 1))(rng));
+      x = double(
+          std::uniform_int_distribution<int64_t>(s.int_lo, std::max(s.int_lo, s.int_hi - 1))(rng));
     } else {
       x = std::uniform_real_distribution<double>(s.lo, s.hi)(rng);
     }
@@ -83,7 +84,8 @@ void build(const OpCase& c, bool device, Built& r) {
   r.outs = c.build(b, r.ins);
   std::vector<ValueId> wrt;
   for (size_t i = 0; i < c.inputs.size(); ++i)
-    if (c.backward && c.inputs[i].differentiable && is_floating(c.inputs[i].dtype)) wrt.push_back(r.ins[i]);
+    if (c.backward && c.inputs[i].differentiable && is_floating(c.inputs[i].dtype))
+      wrt.push_back(r.ins[i]);
   r.weights.assign(r.outs.size(), kNoValue);
   r.grads.assign(c.inputs.size(), kNoValue);
   if (!wrt.empty()) {
@@ -134,10 +136,12 @@ std::vector<double> read_host(const Tensor& t) {
 }
 
 // Compares one tensor; appends a line to `report` and returns false when it fails.
-bool compare(const std::string& what, const std::vector<double>& ref, const std::vector<double>& got,
-             DType device_dtype, const Tolerance& case_tol, bool exact, std::string& report) {
+bool compare(const std::string& what, const std::vector<double>& ref,
+             const std::vector<double>& got, DType device_dtype, const Tolerance& case_tol,
+             bool exact, std::string& report) {
   if (ref.size() != got.size()) {
-    report += fmt::format("  {}: {} elements on the CPU, {} on the GPU\n", what, ref.size(), got.size());
+    report +=
+        fmt::format("  {}: {} elements on the CPU, {} on the GPU\n", what, ref.size(), got.size());
     return false;
   }
   Tolerance tol = exact ? Tolerance{0, 0} : default_tolerance(device_dtype);
@@ -168,7 +172,8 @@ bool compare(const std::string& what, const std::vector<double>& ref, const std:
       "  {} ({}): {} of {} elements outside tolerance (rtol {:g}, atol {:g} x max|ref| {:.4g}){}; "
       "worst element {}: gpu {:.9g}, cpu {:.9g}, |diff| {:.3g}\n",
       what, dtype_name(device_dtype), bad, ref.size(), tol.rtol, tol.atol, scale,
-      nans ? fmt::format(", {} NaN (an element the kernel never wrote keeps the 0xFF poison)", nans) : "",
+      nans ? fmt::format(", {} NaN (an element the kernel never wrote keeps the 0xFF poison)", nans)
+           : "",
       worst, got[w], ref[w], std::abs(got[w] - ref[w]));
   return false;
 }
@@ -186,7 +191,8 @@ CaseResult run_case(const OpCase& c, uint64_t seed, std::vector<std::vector<doub
 
   // One set of values for both sides, rounded to the device dtypes.
   std::vector<std::vector<double>> in_vals, w_vals(gpu.outs.size());
-  for (size_t i = 0; i < c.inputs.size(); ++i) in_vals.push_back(draw(c.inputs[i], c.inputs[i].dtype, rng));
+  for (size_t i = 0; i < c.inputs.size(); ++i)
+    in_vals.push_back(draw(c.inputs[i], c.inputs[i].dtype, rng));
   for (size_t i = 0; i < gpu.outs.size(); ++i) {
     if (gpu.weights[i] == kNoValue) continue;
     const TensorMeta& m = gpu.g.value(gpu.weights[i]).meta;
@@ -241,7 +247,8 @@ CaseResult run_case(const OpCase& c, uint64_t seed, std::vector<std::vector<doub
       res.ok = false;
     ++res.compared;
   };
-  for (size_t i = 0; i < gpu.outs.size(); ++i) check(fmt::format("output {}", i), cpu.outs[i], gpu.outs[i]);
+  for (size_t i = 0; i < gpu.outs.size(); ++i)
+    check(fmt::format("output {}", i), cpu.outs[i], gpu.outs[i]);
   for (size_t i = 0; i < gpu.grads.size(); ++i) {
     if ((cpu.grads[i] == kNoValue) != (gpu.grads[i] == kNoValue)) {
       res.ok = false;

@@ -33,8 +33,8 @@ struct InputSpec {
   Shape shape;
   DType dtype = DType::kF32;  // the device dtype
   bool differentiable = true;
-  double lo = -1.0, hi = 1.0;            // floats: uniform in [lo, hi)
-  int64_t int_lo = 0, int_hi = 1;        // integers: uniform in [int_lo, int_hi)
+  double lo = -1.0, hi = 1.0;      // floats: uniform in [lo, hi)
+  int64_t int_lo = 0, int_hi = 1;  // integers: uniform in [int_lo, int_hi)
   // Custom values (element index -> value), drawn each run; overrides the ranges.
   std::function<double(std::mt19937_64&, int64_t)> gen;
 };

@@ -31,7 +31,9 @@ void expect_reproducible(const OpCase& c) {
   run_case(c, seed, &b);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_TRUE(a[i] == b[i]) << c.name << ": GPU tensor " << i << " differs between two runs on the same inputs (seed " << seed << ")";
+    EXPECT_TRUE(a[i] == b[i]) << c.name << ": GPU tensor " << i
+                              << " differs between two runs on the same inputs (seed " << seed
+                              << ")";
 }
 
 OpCase embedding_case(DType dt, int64_t v, int64_t d, Shape ids) {
@@ -88,9 +90,10 @@ TEST(CudaNnOps, RopeTable) {
   for (const std::string scaling : {"none", "llama3", "yarn"})
     for (DType dt : {DType::kF32, DType::kF64})
       expect_case({.name = fmt::format("rope_table/{}/{}", scaling, dtype_name(dt)),
-                   .build = [=](Builder& b, const V&) {
-                     return V{ops::rope_table(b, 40, 64, rope_config(scaling), dt)};
-                   },
+                   .build =
+                       [=](Builder& b, const V&) {
+                         return V{ops::rope_table(b, 40, 64, rope_config(scaling), dt)};
+                       },
                    .same_dtypes_on_cpu = true,
                    // cos/sin in float64 on both sides, rounded once; the libraries may differ by
                    // one float64 ulp, which rarely survives the rounding.
@@ -108,17 +111,18 @@ TEST(CudaNnOps, RopeForwardBackward) {
                                          bf16_table ? "bfloat16" : "float32",
                                          inverse ? "inverse" : "forward"),
                      .inputs = {{Shape{2, 16, 3, 32}, dt}},
-                     .build = [=](Builder& b, const V& x) {
-                       // The table follows x: float64 on the CPU side of float32 cases,
-                       // float32 for bf16 x (the CPU side sees float32 x) unless a bf16 table
-                       // is under test.
-                       const DType xd = b.dtype(x[0]);
-                       const DType tdt = xd == DType::kF64                   ? DType::kF64
-                                         : bf16_table && xd == DType::kBF16 ? DType::kBF16
-                                                                             : DType::kF32;
-                       ValueId t = ops::rope_table(b, 20, 32, rope_config("llama3"), tdt);
-                       return V{ops::rope(b, x[0], t, inverse)};
-                     },
+                     .build =
+                         [=](Builder& b, const V& x) {
+                           // The table follows x: float64 on the CPU side of float32 cases,
+                           // float32 for bf16 x (the CPU side sees float32 x) unless a bf16 table
+                           // is under test.
+                           const DType xd = b.dtype(x[0]);
+                           const DType tdt = xd == DType::kF64                  ? DType::kF64
+                                             : bf16_table && xd == DType::kBF16 ? DType::kBF16
+                                                                                : DType::kF32;
+                           ValueId t = ops::rope_table(b, 20, 32, rope_config("llama3"), tdt);
+                           return V{ops::rope(b, x[0], t, inverse)};
+                         },
                      // A bf16 table adds its own rounding (2^-9) to every product.
                      .tol = bf16_table ? Tolerance{2e-2, 8e-3} : Tolerance{}});
       }
@@ -148,9 +152,10 @@ OpCase cross_entropy_case(DType dt, int64_t n, int64_t v) {
   InputSpec count{Shape{1}, DType::kI64};
   count.differentiable = false;
   count.gen = [n](std::mt19937_64&, int64_t) { return double(n + 3); };
-  return {.name = fmt::format("cross_entropy/{}/N={}/V={}", dtype_name(dt), n, v),
-          .inputs = {logits, labels, count},
-          .build = [](Builder& b, const V& x) { return V{ops::cross_entropy(b, x[0], x[1], x[2])}; }};
+  return {
+      .name = fmt::format("cross_entropy/{}/N={}/V={}", dtype_name(dt), n, v),
+      .inputs = {logits, labels, count},
+      .build = [](Builder& b, const V& x) { return V{ops::cross_entropy(b, x[0], x[1], x[2])}; }};
 }
 
 TEST(CudaNnOps, CrossEntropyForwardBackward) {
@@ -229,7 +234,8 @@ TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16) {
     ex.run();  // twice: dst += 2 src
     std::vector<double> got = host_values(to_host(be, dd));
     for (int64_t i = 0; i < s.numel(); ++i) {
-      const float want = (dst0.data<float>()[i] + float(src.item_as_double(i))) + float(src.item_as_double(i));
+      const float want =
+          (dst0.data<float>()[i] + float(src.item_as_double(i))) + float(src.item_as_double(i));
       ASSERT_EQ(float(got[size_t(i)]), want) << "element " << i;
     }
   }
@@ -244,7 +250,8 @@ TEST(CudaNnOps, AdamWMatchesCpu) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937_64 rng(seed);
   const Shape s{5003};
-  ops::AdamWParams ap{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
+  ops::AdamWParams ap{
+      .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
   Graph g;
   Builder b(g, NodePhase::kOptimizer);
   const int lr_slot = g.add_scalar("lr"), step_slot = g.add_scalar("step");
@@ -256,11 +263,13 @@ TEST(CudaNnOps, AdamWMatchesCpu) {
   ops::adamw_update(b, p, gr, m, v, nsq, lr_slot, step_slot, ap);
 
   Tensor hp = random_host(s, DType::kF32, rng, -1, 1), hg = random_host(s, DType::kF32, rng, -1, 1);
-  Tensor hm = random_host(s, DType::kF32, rng, -0.1, 0.1), hv = random_host(s, DType::kF32, rng, 0, 0.01);
+  Tensor hm = random_host(s, DType::kF32, rng, -0.1, 0.1),
+         hv = random_host(s, DType::kF32, rng, 0, 0.01);
   Tensor hn = Tensor::from_vector(std::vector<double>{37.5}, Shape{1});  // norm 6.12 > max_norm
-  Tensor dp = to_device(gpu, hp), dg = to_device(gpu, hg), dm = to_device(gpu, hm), dv = to_device(gpu, hv),
-         dn = to_device(gpu, hn);
-  Executor ce(g, plan_memory(g, DeviceType::kCPU), *cpu, nullptr), ge(g, plan_memory(g, DeviceType::kCUDA), gpu, nullptr);
+  Tensor dp = to_device(gpu, hp), dg = to_device(gpu, hg), dm = to_device(gpu, hm),
+         dv = to_device(gpu, hv), dn = to_device(gpu, hn);
+  Executor ce(g, plan_memory(g, DeviceType::kCPU), *cpu, nullptr),
+      ge(g, plan_memory(g, DeviceType::kCUDA), gpu, nullptr);
   ce.bind(p, hp), ce.bind(gr, hg), ce.bind(m, hm), ce.bind(v, hv), ce.bind(nsq, hn);
   ge.bind(p, dp), ge.bind(gr, dg), ge.bind(m, dm), ge.bind(v, dv), ge.bind(nsq, dn);
   ce.prepare();
@@ -273,7 +282,8 @@ TEST(CudaNnOps, AdamWMatchesCpu) {
       e->run();
     }
     // The gradient was reset to zero; load the next one on both sides.
-    EXPECT_EQ(host_values(to_host(gpu, dg)), std::vector<double>(size_t(s.numel()), 0.0)) << "step " << step;
+    EXPECT_EQ(host_values(to_host(gpu, dg)), std::vector<double>(size_t(s.numel()), 0.0))
+        << "step " << step;
     hg.copy_from_host(g2);
     gpu.copy(dg.raw(), g2.raw(), g2.nbytes(), CopyKind::kHostToDevice, gpu.stream(0));
   }

@@ -47,9 +47,10 @@ TEST(CudaOps, FillEveryDtype) {
   for (DType dt : {DType::kF32, DType::kF64, DType::kBF16, DType::kI32, DType::kI64})
     for (double value : {2.75, -1.0 / 3.0, 0.0})
       expect_case({.name = fmt::format("fill/{}/{}", dtype_name(dt), value),
-                   .build = [dt, value](Builder& b, const V&) {
-                     return V{ops::fill(b, Shape{37, 5}, dt, value)};
-                   },
+                   .build =
+                       [dt, value](Builder& b, const V&) {
+                         return V{ops::fill(b, Shape{37, 5}, dt, value)};
+                       },
                    .same_dtypes_on_cpu = true,
                    .tol = {0, 0}});
 }
@@ -85,9 +86,10 @@ TEST(CudaOps, ReshapeAndGradCast) {
   // bf16 by the mul's backward, hence the bf16 tolerance on a float32 gradient).
   expect_case({.name = "grad_cast/bf16->f32",
                .inputs = {{Shape{300}, DType::kBF16}, {Shape{300}, DType::kBF16}},
-               .build = [](Builder& b, const V& x) {
-                 return V{ops::mul(b, ops::grad_cast(b, x[0], DType::kF32), x[1])};
-               },
+               .build =
+                   [](Builder& b, const V& x) {
+                     return V{ops::mul(b, ops::grad_cast(b, x[0], DType::kF32), x[1])};
+                   },
                .tol = {1e-2, 4e-3}});
 }
 
@@ -97,9 +99,10 @@ TEST(CudaOps, SumAndExpandScalar) {
       expect_case({.name = fmt::format("sum/{}/{}", dtype_name(dt), s),
                    .inputs = {{s, dt}},
                    .build = [](Builder& b, const V& x) { return V{ops::sum(b, x[0])}; }});
-      expect_case({.name = fmt::format("expand_scalar/{}/{}", dtype_name(dt), s),
-                   .inputs = {{Shape{1}, dt}},
-                   .build = [s](Builder& b, const V& x) { return V{ops::expand_scalar(b, x[0], s)}; }});
+      expect_case(
+          {.name = fmt::format("expand_scalar/{}/{}", dtype_name(dt), s),
+           .inputs = {{Shape{1}, dt}},
+           .build = [s](Builder& b, const V& x) { return V{ops::expand_scalar(b, x[0], s)}; }});
     }
 }
 
@@ -124,17 +127,19 @@ TEST(CudaOps, SliceConcatExpandSumDim) {
     x.differentiable = grad;
     const std::string t = dtype_name(dt);
     for (auto [dim, start, len] : {std::tuple{1, 3, 6}, std::tuple{-1, 2, 4}, std::tuple{0, 1, 3}})
-      expect_case({.name = fmt::format("slice/{}/dim{}[{}:+{}]", t, dim, start, len),
-                   .inputs = {x},
-                   .build = [=](Builder& b, const V& v) { return V{ops::slice(b, v[0], dim, start, len)}; },
-                   .backward = grad});
+      expect_case(
+          {.name = fmt::format("slice/{}/dim{}[{}:+{}]", t, dim, start, len),
+           .inputs = {x},
+           .build = [=](Builder& b, const V& v) { return V{ops::slice(b, v[0], dim, start, len)}; },
+           .backward = grad});
     InputSpec dy{Shape{5, 6, 7}, dt};
     dy.int_lo = -1000, dy.int_hi = 1000;
     dy.differentiable = grad;
-    expect_case({.name = fmt::format("slice_backward/{}", t),
-                 .inputs = {dy},
-                 .build = [](Builder& b, const V& v) { return V{ops::slice_backward(b, v[0], 1, 3, 12)}; },
-                 .backward = false});
+    expect_case(
+        {.name = fmt::format("slice_backward/{}", t),
+         .inputs = {dy},
+         .build = [](Builder& b, const V& v) { return V{ops::slice_backward(b, v[0], 1, 3, 12)}; },
+         .backward = false});
     for (int dim : {0, 1, -1}) {
       std::vector<InputSpec> parts;
       for (int64_t e : {3, 2, 6}) {
@@ -154,16 +159,18 @@ TEST(CudaOps, SliceConcatExpandSumDim) {
       InputSpec e{shape, dt};
       e.int_lo = -1000, e.int_hi = 1000;
       e.differentiable = grad;
-      expect_case({.name = fmt::format("expand/{}/{}/dim{}x{}", t, shape, dim, n),
-                   .inputs = {e},
-                   .build = [dim, n](Builder& b, const V& v) { return V{ops::expand(b, v[0], dim, n)}; },
-                   .backward = grad});
+      expect_case(
+          {.name = fmt::format("expand/{}/{}/dim{}x{}", t, shape, dim, n),
+           .inputs = {e},
+           .build = [dim, n](Builder& b, const V& v) { return V{ops::expand(b, v[0], dim, n)}; },
+           .backward = grad});
     }
     if (grad)
       for (int dim : {0, 1, -1})
-        expect_case({.name = fmt::format("sum_dim/{}/dim{}", t, dim),
-                     .inputs = {{Shape{4, 9, 6}, dt}},
-                     .build = [dim](Builder& b, const V& v) { return V{ops::sum_dim(b, v[0], dim)}; }});
+        expect_case(
+            {.name = fmt::format("sum_dim/{}/dim{}", t, dim),
+             .inputs = {{Shape{4, 9, 6}, dt}},
+             .build = [dim](Builder& b, const V& v) { return V{ops::sum_dim(b, v[0], dim)}; }});
   }
 }
 

@@ -29,7 +29,9 @@ CudaBackend& backend() { return static_cast<CudaBackend&>(cuda_backend()); }
 void CUDART_CB sleep_callback(void* ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
 }
-void block_stream(Stream& s, int* ms) { CUDA_CHECK(cudaLaunchHostFunc(native_stream(s), sleep_callback, ms)); }
+void block_stream(Stream& s, int* ms) {
+  CUDA_CHECK(cudaLaunchHostFunc(native_stream(s), sleep_callback, ms));
+}
 
 TEST(CudaBackend, RegistersAndDescribesTheDevice) {
   ASSERT_TRUE(backend_available("cuda"));

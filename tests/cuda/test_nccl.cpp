@@ -24,7 +24,8 @@ std::unique_ptr<NcclCommunicator> one_rank(const std::string& name, CommTimeouts
   return NcclCommunicator::create(id, 1, 0, 0, name, t);
 }
 
-template <typename T> Tensor host_iota(int64_t n, double scale) {
+template <typename T>
+Tensor host_iota(int64_t n, double scale) {
   std::vector<T> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[size_t(i)] = T(float(double(i % 97) * scale - 20.0));
   return Tensor::from_vector(v, Shape{n});
@@ -97,7 +98,8 @@ TEST(Nccl, OneRankAllToAllVMovesTheCountedRows) {
   std::vector<double> got = values(to_host(be, out)), want = values(h);
   for (int64_t i = 0; i < used * cols; ++i) ASSERT_EQ(got[size_t(i)], want[size_t(i)]) << i;
   for (int64_t i = used * cols; i < rows * cols; ++i)
-    ASSERT_TRUE(std::isnan(got[size_t(i)])) << "row " << i / cols << " beyond the counts was written";
+    ASSERT_TRUE(std::isnan(got[size_t(i)]))
+        << "row " << i / cols << " beyond the counts was written";
 }
 
 TEST(Nccl, InPlaceAllGatherAndArgumentErrors) {
@@ -109,7 +111,8 @@ TEST(Nccl, InPlaceAllGatherAndArgumentErrors) {
   Tensor wrong = Tensor::empty(Shape{32}, DType::kF32, be.allocator());
   EXPECT_THROW(comm->all_gather(d, wrong, s), ShapeError);
   Tensor other = Tensor::empty(Shape{64}, DType::kF64, be.allocator());
-  EXPECT_THROW(comm->all_reduce(Tensor::from_vector(std::vector<float>(4, 1.f), Shape{4}), ReduceOp::kSum, s),
+  EXPECT_THROW(comm->all_reduce(Tensor::from_vector(std::vector<float>(4, 1.f), Shape{4}),
+                                ReduceOp::kSum, s),
                ValueError);  // a host tensor
   EXPECT_THROW(comm->all_gather(d, other, s), ValueError);
   comm->barrier();
@@ -155,7 +158,8 @@ TEST(Nccl, HungCollectiveBecomesCommError) {
     EXPECT_NE(m.find("rank 0 of 1"), std::string::npos) << m;
     EXPECT_NE(m.find("train_timeout_seconds"), std::string::npos) << m;
   }
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(waited, 2.9) << "the error should come after ~0.5 s, not after the stream unblocks";
   EXPECT_TRUE(comm->aborted());
   EXPECT_THROW(comm->all_reduce(d, ReduceOp::kSum, s), CommError);

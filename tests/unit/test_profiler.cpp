@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/train/trainer.h"
@@ -20,13 +19,20 @@ using testing::tiny_job;
 class ProfilerTest : public testing::TempDirTest {
  protected:
   JobConfig job(std::vector<std::string> extra) {
-    std::vector<std::string> o = {"--job.dump_folder", dir_.string(), "--profiling.enable_profiling",
-                                  "true", "--profiling.profile_freq", "2", "--training.steps", "2"};
+    std::vector<std::string> o = {"--job.dump_folder",
+                                  dir_.string(),
+                                  "--profiling.enable_profiling",
+                                  "true",
+                                  "--profiling.profile_freq",
+                                  "2",
+                                  "--training.steps",
+                                  "2"};
     o.insert(o.end(), extra.begin(), extra.end());
     return tiny_job(o);
   }
   nlohmann::json read_trace(int64_t step) {
-    std::filesystem::path p = dir_ / "profile_traces" / fmt::format("iteration_{}", step) / "rank0_trace.json";
+    std::filesystem::path p =
+        dir_ / "profile_traces" / fmt::format("iteration_{}", step) / "rank0_trace.json";
     EXPECT_TRUE(std::filesystem::exists(p)) << p;
     std::ifstream in(p);
     return nlohmann::json::parse(in);  // throws (fails the test) on malformed JSON
@@ -57,7 +63,8 @@ void expect_one_event_per_node(const nlohmann::json& trace, const Executor& exec
   }
   EXPECT_EQ(complete, int(schedule.size()) * runs);
   for (int mb = 0; mb < runs; ++mb)
-    for (NodeId id : schedule) EXPECT_TRUE(seen.count({mb, id})) << "node " << id << " (" << g.node(id).op << ") missing";
+    for (NodeId id : schedule)
+      EXPECT_TRUE(seen.count({mb, id})) << "node " << id << " (" << g.node(id).op << ") missing";
   ASSERT_TRUE(tracks.count(0));
   EXPECT_EQ(tracks[0], "compute");
 }

@@ -64,10 +64,10 @@ MT_REGISTER_OPS {
   r.add_op({.name = "embedding_backward",
             .infer = infer_embedding_backward,
             // CUDA: the buffers of a stable sort of the ids (no float atomics in dweight).
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
+            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
                             const Attrs&, DeviceType device) -> size_t {
               return device == DeviceType::kCUDA
-                         ? cuda::embedding_backward_workspace_bytes(in[0].numel())
+                         ? cuda::embedding_backward_workspace_bytes(in[0].numel(), out[0].shape[0])
                          : 0;
             }});
 }

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/graph/op_registry.h"
@@ -57,9 +56,7 @@ std::string Profiler::stream_name(int stream) const {
   return fmt::format("stream {}", stream);
 }
 
-void Profiler::begin_step() {
-  next_ = 0;
-}
+void Profiler::begin_step() { next_ = 0; }
 
 void Profiler::before(const Node& node, Stream& stream) {
   MT_CHECK(next_ < int(records_.size()),
@@ -93,16 +90,24 @@ std::string Profiler::write_trace(const std::string& folder, int64_t step) {
   }
 
   nlohmann::json events = nlohmann::json::array();
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_},
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", rank_},
                     {"args", {{"name", fmt::format("rank {}", rank_)}}}});
   std::vector<char> used(stream_names_.size(), 0);
   for (int i = 0; i < next_; ++i) used[size_t(records_[size_t(i)].stream)] = 1;
   used[0] = 1;
   for (size_t s = 0; s < used.size(); ++s) {
     if (!used[s]) continue;
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", int(s)},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", rank_},
+                      {"tid", int(s)},
                       {"args", {{"name", stream_names_[s]}}}});
-    events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", rank_}, {"tid", int(s)},
+    events.push_back({{"name", "thread_sort_index"},
+                      {"ph", "M"},
+                      {"pid", rank_},
+                      {"tid", int(s)},
                       {"args", {{"sort_index", int(s)}}}});
   }
   for (int i = 0; i < next_; ++i) {
@@ -123,10 +128,10 @@ std::string Profiler::write_trace(const std::string& folder, int64_t step) {
            {"node", n.id},
            {"micro_batch", r.run}}}});
   }
-  nlohmann::json trace = {{"traceEvents", events},
-                          {"displayTimeUnit", "ms"},
-                          {"otherData",
-                           {{"step", step}, {"rank", rank_}, {"device", backend_.description()}}}};
+  nlohmann::json trace = {
+      {"traceEvents", events},
+      {"displayTimeUnit", "ms"},
+      {"otherData", {{"step", step}, {"rank", rank_}, {"device", backend_.description()}}}};
 
   std::filesystem::path dir = std::filesystem::path(folder) / fmt::format("iteration_{}", step);
   std::filesystem::create_directories(dir);

@@ -126,7 +126,8 @@ class Watchdog final : public SyncWatcher {
       }
     }
     if (!culprit || waited_s <= culprit->timeouts().train_seconds) return;
-    const double age = std::chrono::duration<double>(std::chrono::steady_clock::now() - oldest.enqueued).count();
+    const double age =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - oldest.enqueued).count();
     std::string msg = fmt::format(
         "collective {} #{} on {} did not complete: the host waited {:.0f} s for work behind it "
         "([comm] train_timeout_seconds = {:g}; it was enqueued {:.0f} s ago). A peer rank is "
@@ -218,7 +219,8 @@ NcclCommunicator::~NcclCommunicator() {
   watchdog().remove(this);
   if (!aborted_ && comm_) {
     // Finalize flushes outstanding work; bounded so a dead peer cannot hang the exit.
-    ncclResult_t rc = poll_settled(comm_, ncclCommFinalize(comm_), std::min(timeouts_.train_seconds, 60.0));
+    ncclResult_t rc =
+        poll_settled(comm_, ncclCommFinalize(comm_), std::min(timeouts_.train_seconds, 60.0));
     if (rc == ncclSuccess) {
       rc = ncclCommDestroy(comm_);
       if (rc != ncclSuccess && rc != ncclInProgress)
@@ -327,11 +329,12 @@ Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, Stream& s
              "output {}",
              who(), size_, in.numel(), int64_t(size_) * in.numel(), in.shape(), out.shape());
   const char* own = static_cast<const char*>(out.raw()) + size_t(rank_) * in.nbytes();
-  MT_CHECK_T(ValueError,
-             in.raw() == own || !comm_ranges_overlap(in.raw(), in.nbytes(), out.raw(), out.nbytes()),
-             "{}: all_gather input overlaps the output without being block {} of it (NCCL's "
-             "only in-place form)",
-             who(), rank_);
+  MT_CHECK_T(
+      ValueError,
+      in.raw() == own || !comm_ranges_overlap(in.raw(), in.nbytes(), out.raw(), out.nbytes()),
+      "{}: all_gather input overlaps the output without being block {} of it (NCCL's "
+      "only in-place form)",
+      who(), rank_);
   if (in.numel() > 0)
     settle(ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_dtype(in.dtype()), comm_,
                          native_stream(s)),
@@ -339,7 +342,8 @@ Work NcclCommunicator::all_gather(const Tensor& in, const Tensor& out, Stream& s
   return done(op, s);
 }
 
-Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp rop, Stream& s) {
+Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp rop,
+                                      Stream& s) {
   const char* op = "reduce_scatter";
   check_usable(op);
   check_tensor(in, op, "input");
@@ -351,11 +355,12 @@ Work NcclCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduc
              "output {}",
              who(), size_, out.numel(), int64_t(size_) * out.numel(), in.shape(), out.shape());
   const char* own = static_cast<const char*>(in.raw()) + size_t(rank_) * out.nbytes();
-  MT_CHECK_T(ValueError,
-             out.raw() == own || !comm_ranges_overlap(in.raw(), in.nbytes(), out.raw(), out.nbytes()),
-             "{}: reduce_scatter output overlaps the input without being block {} of it (NCCL's "
-             "only in-place form)",
-             who(), rank_);
+  MT_CHECK_T(
+      ValueError,
+      out.raw() == own || !comm_ranges_overlap(in.raw(), in.nbytes(), out.raw(), out.nbytes()),
+      "{}: reduce_scatter output overlaps the input without being block {} of it (NCCL's "
+      "only in-place form)",
+      who(), rank_);
   if (out.numel() > 0)
     settle(ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()), nccl_dtype(in.dtype()),
                              nccl_op(rop), comm_, native_stream(s)),
@@ -378,8 +383,8 @@ Work NcclCommunicator::broadcast(const Tensor& inout, int root, Stream& s) {
   const char* op = "broadcast";
   check_usable(op);
   check_tensor(inout, op, "inout");
-  MT_CHECK_T(ValueError, root >= 0 && root < size_, "{}: broadcast root must be in [0, {}), found {}",
-             who(), size_, root);
+  MT_CHECK_T(ValueError, root >= 0 && root < size_,
+             "{}: broadcast root must be in [0, {}), found {}", who(), size_, root);
   if (inout.numel() > 0)
     settle(ncclBroadcast(inout.raw(), inout.raw(), size_t(inout.numel()), nccl_dtype(inout.dtype()),
                          root, comm_, native_stream(s)),
@@ -470,9 +475,10 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   if (child) {
     rc = poll_settled(child, rc, timeouts_.init_seconds);
     if (rc != ncclSuccess) {
-      std::string text = rc == ncclInProgress ? fmt::format("no result within {:g} s ([comm] "
-                                                            "init_timeout_seconds)",
-                                                            timeouts_.init_seconds)
+      std::string text = rc == ncclInProgress ? fmt::format(
+                                                    "no result within {:g} s ([comm] "
+                                                    "init_timeout_seconds)",
+                                                    timeouts_.init_seconds)
                                               : nccl_text(child, rc);
       ncclCommAbort(child);
       MT_THROW(CommError, "splitting '{}' from {} (color {}, key {}) failed: {}", name, who(),

@@ -13,18 +13,21 @@ namespace {
 constexpr int kRowThreads = 256;
 
 // Online logsumexp state: m is the running max, s = Σ exp(x - m).
-template <typename A> struct MaxSum {
+template <typename A>
+struct MaxSum {
   A m, s;
 };
 
-template <typename A> __device__ __forceinline__ MaxSum<A> combine(MaxSum<A> a, MaxSum<A> b) {
+template <typename A>
+__device__ __forceinline__ MaxSum<A> combine(MaxSum<A> a, MaxSum<A> b) {
   if (a.s == A(0)) return b;
   if (b.s == A(0)) return a;
   const A m = max(a.m, b.m);
   return {m, a.s * exp(a.m - m) + b.s * exp(b.m - m)};
 }
 
-template <typename A> __device__ __forceinline__ void push(MaxSum<A>& st, A x) {
+template <typename A>
+__device__ __forceinline__ void push(MaxSum<A>& st, A x) {
   if (st.s == A(0)) {
     st = {x, A(1)};
   } else if (x > st.m) {
@@ -69,8 +72,8 @@ __device__ MaxSum<acc_t<T>> row_max_sum(const T* __restrict__ xr, int64_t v) {
 
 template <int V, typename T>
 __global__ void __launch_bounds__(kRowThreads)
-ce_row_loss_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels,
-                   double* __restrict__ row_loss, int64_t v, int64_t ignore) {
+    ce_row_loss_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels,
+                       double* __restrict__ row_loss, int64_t v, int64_t ignore) {
   const int64_t r = blockIdx.x;
   const int32_t label = labels[r];
   if (label == ignore) {  // uniform over the block: no barrier is skipped by part of it
@@ -81,15 +84,14 @@ ce_row_loss_kernel(const T* __restrict__ logits, const int32_t* __restrict__ lab
                   "cross_entropy: a label is outside [0, V) and is not ignore_index");
   const T* xr = logits + r * v;
   const auto st = row_max_sum<V>(xr, v);
-  if (threadIdx.x == 0)
-    row_loss[r] = double(st.m) + log(double(st.s)) - double(to_acc(xr[label]));
+  if (threadIdx.x == 0) row_loss[r] = double(st.m) + log(double(st.s)) - double(to_acc(xr[label]));
 }
 
 template <int V, typename T, typename G>
 __global__ void __launch_bounds__(kRowThreads)
-ce_backward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels,
-                   const int64_t* __restrict__ count, const G* __restrict__ dloss,
-                   T* __restrict__ dx, int64_t v, int64_t ignore) {
+    ce_backward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels,
+                       const int64_t* __restrict__ count, const G* __restrict__ dloss,
+                       T* __restrict__ dx, int64_t v, int64_t ignore) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x;
   const int32_t label = labels[r];
@@ -105,7 +107,7 @@ ce_backward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ lab
   const T* xr = logits + r * v;
   const auto st = row_max_sum<V>(xr, v);
   const A f = A(double(to_acc(dloss[0])) / double(n));  // dloss / count
-  const A scale = f / st.s;                            // softmax = exp(x - max) / Σ
+  const A scale = f / st.s;                             // softmax = exp(x - max) / Σ
   for (int64_t j = int64_t(threadIdx.x) * V; j < v; j += int64_t(blockDim.x) * V) {
     Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(xr + j);
     Pack<T, V> o;
@@ -119,7 +121,8 @@ ce_backward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ lab
   }
 }
 
-template <typename T> bool vectorizable(int64_t v, const void* a, const void* b = nullptr) {
+template <typename T>
+bool vectorizable(int64_t v, const void* a, const void* b = nullptr) {
   constexpr int V = 16 / int(sizeof(T));
   return v % V == 0 && aligned16(a) && (b == nullptr || aligned16(b));
 }
@@ -138,9 +141,11 @@ void forward(const KernelContext& c, cudaStream_t s) {
   if (rows > 0) {
     constexpr int V = 16 / int(sizeof(T));
     if (vectorizable<T>(v, logits))
-      ce_row_loss_kernel<V><<<unsigned(rows), kRowThreads, 0, s>>>(logits, labels, row_loss, v, ignore);
+      ce_row_loss_kernel<V>
+          <<<unsigned(rows), kRowThreads, 0, s>>>(logits, labels, row_loss, v, ignore);
     else
-      ce_row_loss_kernel<1><<<unsigned(rows), kRowThreads, 0, s>>>(logits, labels, row_loss, v, ignore);
+      ce_row_loss_kernel<1>
+          <<<unsigned(rows), kRowThreads, 0, s>>>(logits, labels, row_loss, v, ignore);
     CUDA_CHECK_LAUNCH("cross_entropy_rows");
   }
   // The loss is float32 for bf16 logits, else the logits' dtype.
@@ -170,7 +175,8 @@ void backward(const KernelContext& c, cudaStream_t s) {
 
 MT_REGISTER_OPS {
   add_cuda_kernel("cross_entropy", [](KernelContext& c) {
-    MT_DISPATCH_CUDA_FLOAT(c.in[0].dtype(), "cross_entropy", [&] { forward<scalar_t>(c, stream_of(c)); });
+    MT_DISPATCH_CUDA_FLOAT(c.in[0].dtype(), "cross_entropy",
+                           [&] { forward<scalar_t>(c, stream_of(c)); });
   });
   add_cuda_kernel("cross_entropy_backward", [](KernelContext& c) {
     // dloss has the loss's dtype: float32 for bf16 logits, else the logits' dtype.

@@ -45,10 +45,16 @@ __global__ void map1_kernel(const T* __restrict__ a, T* __restrict__ out, int64_
 }
 
 struct AddOp {
-  template <typename A> __device__ A operator()(A x, A y) const { return x + y; }
+  template <typename A>
+  __device__ A operator()(A x, A y) const {
+    return x + y;
+  }
 };
 struct MulOp {
-  template <typename A> __device__ A operator()(A x, A y) const { return x * y; }
+  template <typename A>
+  __device__ A operator()(A x, A y) const {
+    return x * y;
+  }
 };
 // Scales in the accumulation type: the factor is double for float64 tensors, float otherwise
 // (the CPU kernel multiplies by scalar_t(factor) in the tensor's own type).
@@ -83,7 +89,8 @@ void launch_map1(const T* a, T* out, int64_t n, Op op, cudaStream_t s) {
 }
 
 // ---- cast: C++ conversions as the CPU kernel does them (to bf16 through float) --------------
-template <typename D, typename S> __device__ __forceinline__ D convert(S s) {
+template <typename D, typename S>
+__device__ __forceinline__ D convert(S s) {
   if constexpr (std::is_same_v<D, bf16> && std::is_same_v<S, bf16>) {
     return s;
   } else if constexpr (std::is_same_v<D, bf16>) {
@@ -102,12 +109,14 @@ __global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ dst, int6
     dst[i] = convert<D>(src[i]);
 }
 
-template <typename S, typename D> void launch_cast(const void* src, void* dst, int64_t n, cudaStream_t s) {
+template <typename S, typename D>
+void launch_cast(const void* src, void* dst, int64_t n, cudaStream_t s) {
   cast_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
   CUDA_CHECK_LAUNCH("cast");
 }
 
-template <typename S> void cast_from(const Tensor& src, const Tensor& dst, cudaStream_t s) {
+template <typename S>
+void cast_from(const Tensor& src, const Tensor& dst, cudaStream_t s) {
   const int64_t n = src.numel();
   switch (dst.dtype()) {
     case DType::kF32: return launch_cast<S, float>(src.raw(), dst.raw(), n, s);
@@ -130,12 +139,15 @@ void cast_any(const Tensor& src, const Tensor& dst, cudaStream_t s) {
 }
 
 // ---- fill: the element's bit pattern is computed on the host exactly as the CPU kernel does ----
-template <typename U> __global__ void fill_bits_kernel(U* __restrict__ out, U bits, int64_t n) {
+template <typename U>
+__global__ void fill_bits_kernel(U* __restrict__ out, U bits, int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = bits;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = bits;
 }
 
-template <typename U> void launch_fill_bits(void* out, U bits, int64_t n, cudaStream_t s) {
+template <typename U>
+void launch_fill_bits(void* out, U bits, int64_t n, cudaStream_t s) {
   fill_bits_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<U*>(out), bits, n);
   CUDA_CHECK_LAUNCH("fill");
 }
@@ -177,16 +189,19 @@ __global__ void accumulate_kernel(D* __restrict__ dst, const S* __restrict__ src
     dst[i] += D(to_acc(src[i]));
 }
 
-template <typename D> void launch_accumulate(const Tensor& dst, const Tensor& src, cudaStream_t s) {
+template <typename D>
+void launch_accumulate(const Tensor& dst, const Tensor& src, cudaStream_t s) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   D* d = static_cast<D*>(dst.raw());
   switch (src.dtype()) {
     case DType::kF32:
-      accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const float*>(src.raw()), n);
+      accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const float*>(src.raw()),
+                                                         n);
       break;
     case DType::kF64:
-      accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const double*>(src.raw()), n);
+      accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const double*>(src.raw()),
+                                                         n);
       break;
     case DType::kBF16:
       accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const bf16*>(src.raw()), n);
@@ -198,7 +213,8 @@ template <typename D> void launch_accumulate(const Tensor& dst, const Tensor& sr
 }
 
 MT_REGISTER_OPS {
-  add_cuda_kernel("fill", [](KernelContext& c) { fill_any(c.out[0], c.attrs().f("value"), stream_of(c)); });
+  add_cuda_kernel("fill",
+                  [](KernelContext& c) { fill_any(c.out[0], c.attrs().f("value"), stream_of(c)); });
   add_cuda_kernel("add", [](KernelContext& c) {
     MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "add", [&] {
       launch_map2(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), out_ptr<scalar_t>(c, 0),
@@ -222,16 +238,17 @@ MT_REGISTER_OPS {
   add_cuda_kernel("grad_cast", [](KernelContext&) {});  // a view in forward
   add_cuda_kernel("sum", [](KernelContext& c) {
     MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "sum", [&] {
-      launch_reduce(in_ptr<scalar_t>(c, 0), c.in[0].numel(), static_cast<double*>(c.workspace.raw()),
-                    out_ptr<scalar_t>(c, 0), IdentityOp{}, stream_of(c));
+      launch_reduce(in_ptr<scalar_t>(c, 0), c.in[0].numel(),
+                    static_cast<double*>(c.workspace.raw()), out_ptr<scalar_t>(c, 0), IdentityOp{},
+                    stream_of(c));
     });
   });
   add_cuda_kernel("expand_scalar", [](KernelContext& c) {
     const int64_t n = c.out[0].numel();
     if (n == 0) return;
     MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "expand_scalar", [&] {
-      expand_scalar_kernel<<<grid_for(n, 256), 256, 0, stream_of(c)>>>(
-          in_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 0), n);
+      expand_scalar_kernel<<<grid_for(n, 256), 256, 0, stream_of(c)>>>(in_ptr<scalar_t>(c, 0),
+                                                                       out_ptr<scalar_t>(c, 0), n);
       CUDA_CHECK_LAUNCH("expand_scalar");
     });
   });

@@ -1,8 +1,9 @@
 // CUDA embedding kernels. Forward: one block per token copies its weight row. Backward, with no
 // float atomics: (1) one block stable-sorts the (id, token) pairs by id (LSD radix sort, 4 bits a
-// pass, each thread owning a contiguous chunk, so ties keep token order); (2) each output row v
-// is owned by one set of threads that finds v's run of tokens by binary search and adds their dy
-// rows in token order (zero for unused rows). Same inputs, same bits, every run.
+// pass, each thread owning a contiguous chunk, so ties keep token order); (2) a binary search per
+// row finds where each row's run of tokens starts in that order; (3) one block per output row
+// adds the dy rows of its tokens in token order (zero for rows no token uses). Same inputs, same
+// bits, every run.
 #include "meshtrain/ops/cuda/cuda_kernel.h"
 #include "meshtrain/ops/cuda/cuda_workspace.h"
 
@@ -60,10 +61,10 @@ __device__ int block_exclusive_scan(int v, int& total) {
 // counters sit in column t of hist[digit][thread], whose digit-major exclusive scan gives each
 // (digit, thread) its first output slot. Requires n < 2^31.
 __global__ void __launch_bounds__(kSortThreads)
-sort_ids_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t v, int passes,
-                // Not __restrict__: each pass reads what the previous one wrote through the
-                // same pointers (it must not take the read-only cache path).
-                int32_t* key_a, int32_t* val_a, int32_t* key_b, int32_t* val_b) {
+    sort_ids_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t v, int passes,
+                    // Not __restrict__: each pass reads what the previous one wrote through the
+                    // same pointers (it must not take the read-only cache path).
+                    int32_t* key_a, int32_t* val_a, int32_t* key_b, int32_t* val_b) {
   __shared__ int hist[kDigits * kSortThreads];
   const int tid = threadIdx.x;
   const int64_t chunk = (n + kSortThreads - 1) / kSortThreads;
@@ -79,7 +80,9 @@ sort_ids_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t v, int passe
     for (int dg = 0; dg < kDigits; ++dg) hist[dg * kSortThreads + tid] = 0;
     for (int64_t i = begin; i < end; ++i) {
       const int32_t key = src_k[i];
-      if (p == 0) MT_DEVICE_CHECK(key >= 0 && key < v, "embedding_backward: a token id is outside [0, num_embeddings)");
+      if (p == 0)
+        MT_DEVICE_CHECK(key >= 0 && key < v,
+                        "embedding_backward: a token id is outside [0, num_embeddings)");
       ++hist[((key >> shift) & (kDigits - 1)) * kSortThreads + tid];
     }
     __syncthreads();
@@ -119,28 +122,48 @@ __device__ int64_t first_at_least(const int32_t* __restrict__ keys, int64_t n, i
   int64_t lo = 0, hi = n;
   while (lo < hi) {
     const int64_t mid = (lo + hi) >> 1;
-    if (keys[mid] < value) lo = mid + 1; else hi = mid;
+    if (keys[mid] < value)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
 
-// dw[row][j] = Σ over the row's tokens, in token order, of dy[token][j].
-template <typename T>
-__global__ void embedding_rows_kernel(const int32_t* __restrict__ sorted_keys,
-                                      const int32_t* __restrict__ sorted_tokens, int64_t n,
+// row_start[v] = the first sorted position whose id is >= v, for v in [0, V]: row v's tokens are
+// sorted positions [row_start[v], row_start[v + 1]).
+__global__ void row_starts_kernel(const int32_t* __restrict__ sorted_keys, int64_t n, int64_t v,
+                                  int32_t* __restrict__ row_start) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r <= v; r += stride)
+    row_start[r] = int32_t(first_at_least(sorted_keys, n, int32_t(r)));
+}
+
+// One block per output row: dw[row][j] = Σ over the row's tokens, in token order, of dy[token][j]
+// (V-wide accesses; zero for rows no token uses).
+template <int V, typename T>
+__global__ void embedding_rows_kernel(const int32_t* __restrict__ row_start,
+                                      const int32_t* __restrict__ sorted_tokens,
                                       const T* __restrict__ dy, T* __restrict__ dw, int64_t d) {
-  __shared__ int64_t range[2];
-  const int32_t row = int32_t(blockIdx.x);
-  if (threadIdx.x == 0) {
-    range[0] = first_at_least(sorted_keys, n, row);
-    range[1] = first_at_least(sorted_keys, n, row + 1);
+  using A = acc_t<T>;
+  const int64_t row = blockIdx.x;
+  const int64_t lo = row_start[row], hi = row_start[row + 1];
+  Pack<T, V>* out = reinterpret_cast<Pack<T, V>*>(dw + row * d);
+  for (int64_t j = threadIdx.x; j < d / V; j += blockDim.x) {
+    A acc[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] = A(0);
+    for (int64_t s = lo; s < hi; ++s) {
+      const Pack<T, V> g =
+          reinterpret_cast<const Pack<T, V>*>(dy + int64_t(sorted_tokens[s]) * d)[j];
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] += to_acc(g.v[k]);
+    }
+    Pack<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = from_acc<T>(acc[k]);
+    out[j] = o;
   }
-  __syncthreads();
-  const int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (j >= d) return;
-  acc_t<T> acc = 0;
-  for (int64_t s = range[0]; s < range[1]; ++s) acc += to_acc(dy[int64_t(sorted_tokens[s]) * d + j]);
-  dw[int64_t(row) * d + j] = from_acc<T>(acc);
 }
 
 int sort_passes(int64_t v) {
@@ -150,7 +173,8 @@ int sort_passes(int64_t v) {
 }
 
 template <typename T>
-void forward(const int32_t* ids, const T* w, T* y, int64_t n, int64_t v, int64_t d, cudaStream_t s) {
+void forward(const int32_t* ids, const T* w, T* y, int64_t n, int64_t v, int64_t d,
+             cudaStream_t s) {
   if (n == 0 || d == 0) return;
   constexpr int V = 16 / int(sizeof(T));
   const bool vec = d % V == 0 && aligned16(w) && aligned16(y);
@@ -166,9 +190,12 @@ template <typename T>
 void backward(const int32_t* ids, const T* dy, T* dw, void* ws, int64_t n, int64_t v, int64_t d,
               cudaStream_t s) {
   if (v == 0 || d == 0) return;
-  MT_CHECK_T(ValueError, n < (int64_t(1) << 31), "embedding_backward (cuda): {} tokens exceed the "
-             "int32 token indices of its sort", n);
-  MT_CHECK_T(ValueError, v <= (int64_t(1) << 31), "embedding_backward (cuda): num_embeddings {} exceeds int32", v);
+  MT_CHECK_T(ValueError, n < (int64_t(1) << 31),
+             "embedding_backward (cuda): {} tokens exceed the "
+             "int32 token indices of its sort",
+             n);
+  MT_CHECK_T(ValueError, v < (int64_t(1) << 31),
+             "embedding_backward (cuda): num_embeddings {} exceeds int32", v);
   const size_t buf = embedding_backward_buffer_bytes(std::max<int64_t>(n, 1));
   char* base = static_cast<char*>(ws);
   int32_t* key_a = reinterpret_cast<int32_t*>(base);
@@ -182,11 +209,18 @@ void backward(const int32_t* ids, const T* dy, T* dw, void* ws, int64_t n, int64
   }
   // Pass p writes buffer a when p is even: the last pass (passes - 1) decides.
   const bool in_a = (passes - 1) % 2 == 0;
-  const int threads = 256;
-  MT_CHECK_T(ValueError, (d + threads - 1) / threads <= 65535,
-             "embedding_backward (cuda): embedding dim {} is too large", d);
-  dim3 grid(unsigned(v), unsigned((d + threads - 1) / threads));
-  embedding_rows_kernel<<<grid, threads, 0, s>>>(in_a ? key_a : key_b, in_a ? val_a : val_b, n, dy, dw, d);
+  const int32_t* keys = in_a ? key_a : key_b;
+  const int32_t* tokens = in_a ? val_a : val_b;
+  int32_t* row_start = reinterpret_cast<int32_t*>(base + 4 * buf);
+  row_starts_kernel<<<grid_for(v + 1, 256), 256, 0, s>>>(keys, n, v, row_start);
+  CUDA_CHECK_LAUNCH("embedding_backward_row_starts");
+  constexpr int V = 16 / int(sizeof(T));
+  const bool vec = d % V == 0 && aligned16(dy) && aligned16(dw);
+  const int threads = int(std::clamp<int64_t>(((vec ? d / V : d) + 31) / 32 * 32, 32, 256));
+  if (vec)
+    embedding_rows_kernel<V><<<unsigned(v), threads, 0, s>>>(row_start, tokens, dy, dw, d);
+  else
+    embedding_rows_kernel<1><<<unsigned(v), threads, 0, s>>>(row_start, tokens, dy, dw, d);
   CUDA_CHECK_LAUNCH("embedding_backward_rows");
 }
 

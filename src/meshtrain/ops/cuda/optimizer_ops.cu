@@ -11,7 +11,8 @@ namespace meshtrain::cuda {
 namespace {
 
 // Per-step constants, computed on the host in float64 exactly as the CPU kernel does.
-template <typename T> struct AdamWArgs {
+template <typename T>
+struct AdamWArgs {
   T step_size, decay, one_minus_b1, b2, one_minus_b2, eps, inv_bc2;
   double max_norm;
 };
@@ -57,7 +58,8 @@ __global__ void adamw_kernel(T* __restrict__ p, T* __restrict__ g, T* __restrict
   for (int64_t i = nvec * V + tid; i < n; i += stride) adamw_one(p[i], g[i], m[i], v[i], clip, a);
 }
 
-template <typename T> void adamw(KernelContext& c) {
+template <typename T>
+void adamw(KernelContext& c) {
   const Attrs& at = c.attrs();
   const int64_t n = c.in[0].numel();
   if (n == 0) return;
@@ -66,9 +68,10 @@ template <typename T> void adamw(KernelContext& c) {
   const double b1 = at.f("beta1"), b2 = at.f("beta2");
   const double bc1 = 1.0 - std::pow(b1, double(step));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step)));
-  AdamWArgs<T> a{T(lr / bc1),       T(1.0 - lr * at.f("weight_decay")), T(1.0 - b1), T(b2),
-                 T(1.0 - b2),       T(at.f("eps")),                      T(1.0 / bc2_sqrt),
-                 at.f("max_norm")};
+  AdamWArgs<T> a{T(lr / bc1),       T(1.0 - lr * at.f("weight_decay")),
+                 T(1.0 - b1),       T(b2),
+                 T(1.0 - b2),       T(at.f("eps")),
+                 T(1.0 / bc2_sqrt), at.f("max_norm")};
   T* p = inout_ptr<T>(c, 0);
   T* g = inout_ptr<T>(c, 1);
   T* m = inout_ptr<T>(c, 2);
@@ -86,8 +89,9 @@ template <typename T> void adamw(KernelContext& c) {
 MT_REGISTER_OPS {
   add_cuda_kernel("sum_squares", [](KernelContext& c) {
     MT_DISPATCH_CUDA_FLOAT(c.in[0].dtype(), "sum_squares", [&] {
-      launch_reduce(in_ptr<scalar_t>(c, 0), c.in[0].numel(), static_cast<double*>(c.workspace.raw()),
-                    out_ptr<double>(c, 0), SquareOp{}, stream_of(c));
+      launch_reduce(in_ptr<scalar_t>(c, 0), c.in[0].numel(),
+                    static_cast<double*>(c.workspace.raw()), out_ptr<double>(c, 0), SquareOp{},
+                    stream_of(c));
     });
   });
   add_cuda_kernel("adamw_update", [](KernelContext& c) {
@@ -95,7 +99,8 @@ MT_REGISTER_OPS {
       case DType::kF32: return adamw<float>(c);
       case DType::kF64: return adamw<double>(c);
       default:
-        MT_THROW(ValueError, "adamw_update (cuda): master weights must be float32 or float64, found {}",
+        MT_THROW(ValueError,
+                 "adamw_update (cuda): master weights must be float32 or float64, found {}",
                  c.in[0].dtype());
     }
   });

@@ -58,8 +58,8 @@ void launch_reduce(const T* x, int64_t n, double* partials, Out* out, F f, cudaS
   } else {
     CUDA_CHECK(cudaMemsetAsync(partials, 0, sizeof(double), s));
   }
-  reduce_finish_kernel<Out><<<1, kReduceThreads, 0, s>>>(partials, n > 0 ? blocks : 1, out,
-                                                         scale_den);
+  reduce_finish_kernel<Out>
+      <<<1, kReduceThreads, 0, s>>>(partials, n > 0 ? blocks : 1, out, scale_den);
   CUDA_CHECK_LAUNCH("reduce_finish");
 }
 

@@ -93,8 +93,9 @@ __global__ void rmsnorm_backward_dx_kernel(const T* __restrict__ x, const T* __r
 // partial[g][j] = Σ_{r in group g} dy[r][j] · x[r][j] · rstd[r], rows in order.
 template <typename T>
 __global__ void rmsnorm_dw_partial_kernel(const T* __restrict__ x, const T* __restrict__ dy,
-                                          const double* __restrict__ rstd, double* __restrict__ partial,
-                                          int64_t rows, int64_t d, int64_t rows_per_group) {
+                                          const double* __restrict__ rstd,
+                                          double* __restrict__ partial, int64_t rows, int64_t d,
+                                          int64_t rows_per_group) {
   const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t g = blockIdx.y;
   if (j >= d) return;
@@ -116,7 +117,8 @@ __global__ void rmsnorm_dw_finish_kernel(const double* __restrict__ partial, T* 
   dw[j] = from_acc<T>(acc);
 }
 
-template <typename T> bool can_vectorize(int64_t d, std::initializer_list<const void*> ptrs) {
+template <typename T>
+bool can_vectorize(int64_t d, std::initializer_list<const void*> ptrs) {
   constexpr int V = 16 / int(sizeof(T));
   if (d % V != 0) return false;
   for (const void* p : ptrs)
@@ -136,8 +138,8 @@ void forward(const T* x, const T* w, T* y, int64_t rows, int64_t d, double eps, 
 }
 
 template <typename T>
-void backward(const T* x, const T* w, const T* dy, T* dx, T* dw, void* ws, int64_t rows,
-              int64_t d, double eps, cudaStream_t s) {
+void backward(const T* x, const T* w, const T* dy, T* dx, T* dw, void* ws, int64_t rows, int64_t d,
+              double eps, cudaStream_t s) {
   if (d == 0) return;
   if (rows == 0) {
     // No rows: dw is an empty sum.
@@ -145,12 +147,15 @@ void backward(const T* x, const T* w, const T* dy, T* dx, T* dw, void* ws, int64
     return;
   }
   double* rstd = static_cast<double*>(ws);
-  double* partial = reinterpret_cast<double*>(static_cast<char*>(ws) + rmsnorm_backward_rstd_bytes(rows));
+  double* partial =
+      reinterpret_cast<double*>(static_cast<char*>(ws) + rmsnorm_backward_rstd_bytes(rows));
   constexpr int V = 16 / int(sizeof(T));
   if (can_vectorize<T>(d, {x, w, dy, dx}))
-    rmsnorm_backward_dx_kernel<V><<<unsigned(rows), row_threads(d, V), 0, s>>>(x, w, dy, dx, rstd, d, eps);
+    rmsnorm_backward_dx_kernel<V>
+        <<<unsigned(rows), row_threads(d, V), 0, s>>>(x, w, dy, dx, rstd, d, eps);
   else
-    rmsnorm_backward_dx_kernel<1><<<unsigned(rows), row_threads(d, 1), 0, s>>>(x, w, dy, dx, rstd, d, eps);
+    rmsnorm_backward_dx_kernel<1>
+        <<<unsigned(rows), row_threads(d, 1), 0, s>>>(x, w, dy, dx, rstd, d, eps);
   CUDA_CHECK_LAUNCH("rmsnorm_backward_dx");
   const int64_t groups = rmsnorm_row_groups(rows);
   const int64_t per_group = (rows + groups - 1) / groups;
@@ -158,7 +163,8 @@ void backward(const T* x, const T* w, const T* dy, T* dx, T* dw, void* ws, int64
   dim3 grid(unsigned((d + threads - 1) / threads), unsigned(groups));
   rmsnorm_dw_partial_kernel<<<grid, threads, 0, s>>>(x, dy, rstd, partial, rows, d, per_group);
   CUDA_CHECK_LAUNCH("rmsnorm_dw_partial");
-  rmsnorm_dw_finish_kernel<<<unsigned((d + threads - 1) / threads), threads, 0, s>>>(partial, dw, groups, d);
+  rmsnorm_dw_finish_kernel<<<unsigned((d + threads - 1) / threads), threads, 0, s>>>(partial, dw,
+                                                                                     groups, d);
   CUDA_CHECK_LAUNCH("rmsnorm_dw_finish");
 }
 
@@ -174,8 +180,9 @@ MT_REGISTER_OPS {
     const Shape& sh = c.in[0].shape();
     MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "rmsnorm_backward", [&] {
       backward(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2),
-               out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1), c.workspace.defined() ? c.workspace.raw() : nullptr,
-               sh.rows(), sh.last(), c.attrs().f("eps"), stream_of(c));
+               out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1),
+               c.workspace.defined() ? c.workspace.raw() : nullptr, sh.rows(), sh.last(),
+               c.attrs().f("eps"), stream_of(c));
     });
   });
 }

@@ -14,7 +14,8 @@ struct RopeFreqs {
 };
 
 template <typename T>
-__global__ void rope_table_kernel(const RopeFreqs freqs, int64_t half, int64_t seq_len, T* __restrict__ table) {
+__global__ void rope_table_kernel(const RopeFreqs freqs, int64_t half, int64_t seq_len,
+                                  T* __restrict__ table) {
   const int64_t n = seq_len * half;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < n; p += stride) {
@@ -27,8 +28,9 @@ __global__ void rope_table_kernel(const RopeFreqs freqs, int64_t half, int64_t s
 
 // (x0 + i x1) · (cos + i sin), with sin negated for the inverse rotation.
 template <typename T, typename TT>
-__global__ void rope_kernel(const T* __restrict__ x, const TT* __restrict__ table, T* __restrict__ y,
-                            int64_t pairs, int64_t s, int64_t h, int64_t half, bool inverse) {
+__global__ void rope_kernel(const T* __restrict__ x, const TT* __restrict__ table,
+                            T* __restrict__ y, int64_t pairs, int64_t s, int64_t h, int64_t half,
+                            bool inverse) {
   using A = acc_t<T>;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs; p += stride) {
@@ -44,15 +46,15 @@ __global__ void rope_kernel(const T* __restrict__ x, const TT* __restrict__ tabl
 }
 
 template <typename T, typename TT>
-void launch_rope(const Tensor& x, const Tensor& table, const Tensor& y, bool inverse, cudaStream_t st) {
+void launch_rope(const Tensor& x, const Tensor& table, const Tensor& y, bool inverse,
+                 cudaStream_t st) {
   const Shape& sh = x.shape();
   const int64_t half = sh[3] / 2;
   const int64_t pairs = sh.numel() / 2;
   if (pairs == 0) return;
-  rope_kernel<<<grid_for(pairs, 256), 256, 0, st>>>(static_cast<const T*>(x.raw()),
-                                                     static_cast<const TT*>(table.raw()),
-                                                     static_cast<T*>(y.raw()), pairs, sh[1], sh[2],
-                                                     half, inverse);
+  rope_kernel<<<grid_for(pairs, 256), 256, 0, st>>>(
+      static_cast<const T*>(x.raw()), static_cast<const TT*>(table.raw()), static_cast<T*>(y.raw()),
+      pairs, sh[1], sh[2], half, inverse);
   CUDA_CHECK_LAUNCH("rope");
 }
 
@@ -60,10 +62,14 @@ void rope_any(KernelContext& c) {
   const DType xd = c.in[0].dtype(), td = c.in[1].dtype();
   const bool inv = c.attrs().b("inverse");
   const cudaStream_t st = stream_of(c);
-  if (xd == DType::kF32 && td == DType::kF32) return launch_rope<float, float>(c.in[0], c.in[1], c.out[0], inv, st);
-  if (xd == DType::kF64 && td == DType::kF64) return launch_rope<double, double>(c.in[0], c.in[1], c.out[0], inv, st);
-  if (xd == DType::kBF16 && td == DType::kF32) return launch_rope<bf16, float>(c.in[0], c.in[1], c.out[0], inv, st);
-  if (xd == DType::kBF16 && td == DType::kBF16) return launch_rope<bf16, bf16>(c.in[0], c.in[1], c.out[0], inv, st);
+  if (xd == DType::kF32 && td == DType::kF32)
+    return launch_rope<float, float>(c.in[0], c.in[1], c.out[0], inv, st);
+  if (xd == DType::kF64 && td == DType::kF64)
+    return launch_rope<double, double>(c.in[0], c.in[1], c.out[0], inv, st);
+  if (xd == DType::kBF16 && td == DType::kF32)
+    return launch_rope<bf16, float>(c.in[0], c.in[1], c.out[0], inv, st);
+  if (xd == DType::kBF16 && td == DType::kBF16)
+    return launch_rope<bf16, bf16>(c.in[0], c.in[1], c.out[0], inv, st);
   MT_THROW(ValueError, "rope (cuda): unsupported x/table dtypes {} and {}", xd, td);
 }
 

@@ -55,7 +55,8 @@ __global__ void sum_dim_kernel(const T* __restrict__ x, T* __restrict__ y, int64
 
 // The widest word that divides `block_bytes` and keeps both base pointers aligned.
 int word_bytes(size_t block_bytes, const void* a, const void* b) {
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | block_bytes;
+  const uintptr_t bits =
+      reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | block_bytes;
   for (int w : {16, 8, 4, 2})
     if ((bits & uintptr_t(w - 1)) == 0) return w;
   return 1;
@@ -70,30 +71,37 @@ void copy_blocks(void* dst, int64_t dst_ext, int64_t dst_at, const void* src, in
   switch (w) {
     case 16:
       copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint4*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint4*>(src), src_ext, src_at, outer, len, words);
+                                              static_cast<const uint4*>(src), src_ext, src_at,
+                                              outer, len, words);
       break;
     case 8:
       copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint64_t*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint64_t*>(src), src_ext, src_at, outer, len, words);
+                                              static_cast<const uint64_t*>(src), src_ext, src_at,
+                                              outer, len, words);
       break;
     case 4:
       copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint32_t*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint32_t*>(src), src_ext, src_at, outer, len, words);
+                                              static_cast<const uint32_t*>(src), src_ext, src_at,
+                                              outer, len, words);
       break;
     case 2:
       copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint16_t*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint16_t*>(src), src_ext, src_at, outer, len, words);
+                                              static_cast<const uint16_t*>(src), src_ext, src_at,
+                                              outer, len, words);
       break;
     default:
       copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint8_t*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint8_t*>(src), src_ext, src_at, outer, len, words);
+                                              static_cast<const uint8_t*>(src), src_ext, src_at,
+                                              outer, len, words);
   }
   CUDA_CHECK_LAUNCH("copy_blocks");
 }
 
 template <typename U>
-void launch_expand(void* y, const void* x, int64_t outer, int64_t n, int64_t words, cudaStream_t s) {
-  expand_kernel<<<grid_for(outer * n * words, 256), 256, 0, s>>>(static_cast<U*>(y), static_cast<const U*>(x), outer, n, words);
+void launch_expand(void* y, const void* x, int64_t outer, int64_t n, int64_t words,
+                   cudaStream_t s) {
+  expand_kernel<<<grid_for(outer * n * words, 256), 256, 0, s>>>(
+      static_cast<U*>(y), static_cast<const U*>(x), outer, n, words);
 }
 
 void expand(void* y, const void* x, int64_t outer, int64_t n, size_t block_bytes, cudaStream_t s) {
@@ -110,7 +118,9 @@ void expand(void* y, const void* x, int64_t outer, int64_t n, size_t block_bytes
   CUDA_CHECK_LAUNCH("expand");
 }
 
-size_t block_bytes(const Tensor& t, const DimSplit& s) { return size_t(s.inner) * dtype_size(t.dtype()); }
+size_t block_bytes(const Tensor& t, const DimSplit& s) {
+  return size_t(s.inner) * dtype_size(t.dtype());
+}
 
 MT_REGISTER_OPS {
   add_cuda_kernel("slice", [](KernelContext& c) {

@@ -6,7 +6,10 @@
 namespace meshtrain::cuda {
 namespace {
 
-template <typename A> __device__ __forceinline__ A sigmoid(A g) { return A(1) / (A(1) + exp(-g)); }
+template <typename A>
+__device__ __forceinline__ A sigmoid(A g) {
+  return A(1) / (A(1) + exp(-g));
+}
 
 template <int V, typename T>
 __global__ void swiglu_forward_kernel(const T* __restrict__ g, const T* __restrict__ u,
@@ -33,10 +36,12 @@ __global__ void swiglu_forward_kernel(const T* __restrict__ g, const T* __restri
 }
 
 // d silu(g)/dg = s + g s (1 - s), s = sigmoid(g).
-template <typename A> struct SwigluGrad {
+template <typename A>
+struct SwigluGrad {
   A dg, du;
 };
-template <typename A> __device__ __forceinline__ SwigluGrad<A> swiglu_grad(A gv, A uv, A dyv) {
+template <typename A>
+__device__ __forceinline__ SwigluGrad<A> swiglu_grad(A gv, A uv, A dyv) {
   const A s = sigmoid(gv);
   const A silu = gv * s;
   return {dyv * uv * (s + silu * (A(1) - s)), dyv * silu};
@@ -71,7 +76,8 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ g, const T* __restr
   }
 }
 
-template <typename T> void forward(const T* g, const T* u, T* y, int64_t n, cudaStream_t s) {
+template <typename T>
+void forward(const T* g, const T* u, T* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   constexpr int V = 16 / int(sizeof(T));
   if (aligned16(g) && aligned16(u) && aligned16(y))

@@ -134,7 +134,8 @@ class CudaPinnedAllocator final : public Allocator {
     // A copy may still read this buffer: wait for the device before the pages go away.
     cudaError_t rc = cudaDeviceSynchronize();
     if (rc == cudaSuccess) rc = cudaFreeHost(p);
-    if (rc != cudaSuccess) log_warn("freeing pinned host memory failed: {}", cudaGetErrorString(rc));
+    if (rc != cudaSuccess)
+      log_warn("freeing pinned host memory failed: {}", cudaGetErrorString(rc));
   }
 };
 

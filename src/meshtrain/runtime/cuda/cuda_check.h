@@ -25,19 +25,19 @@ namespace meshtrain::detail {
   } while (0)
 
 // After every kernel launch: CUDA_CHECK_LAUNCH("rmsnorm_forward").
-#define CUDA_CHECK_LAUNCH(kernel_name)                                                        \
-  do {                                                                                        \
-    cudaError_t mt_cuda_rc_ = cudaGetLastError();                                             \
-    if (mt_cuda_rc_ != cudaSuccess) [[unlikely]]                                              \
+#define CUDA_CHECK_LAUNCH(kernel_name)                                                       \
+  do {                                                                                       \
+    cudaError_t mt_cuda_rc_ = cudaGetLastError();                                            \
+    if (mt_cuda_rc_ != cudaSuccess) [[unlikely]]                                             \
       ::meshtrain::detail::throw_launch_error(kernel_name, mt_cuda_rc_, __FILE__, __LINE__); \
   } while (0)
 
 // cuBLAS / cuBLASLt statuses are compared as ints (CUBLAS_STATUS_SUCCESS == 0) so this header
 // needs no cuBLAS include.
-#define CUBLAS_CHECK(call)                                                             \
-  do {                                                                                 \
-    int mt_cublas_rc_ = int(call);                                                     \
-    if (mt_cublas_rc_ != 0) [[unlikely]]                                               \
+#define CUBLAS_CHECK(call)                                                               \
+  do {                                                                                   \
+    int mt_cublas_rc_ = int(call);                                                       \
+    if (mt_cublas_rc_ != 0) [[unlikely]]                                                 \
       ::meshtrain::detail::throw_cublas_error(#call, mt_cublas_rc_, __FILE__, __LINE__); \
   } while (0)
 
