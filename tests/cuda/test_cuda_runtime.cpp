@@ -1,13 +1,17 @@
 // The CUDA backend: registration and description, no device allocation after prepare(), copies
-// and fills, stream priorities, cross-stream ordering with events, timing events, and the
-// error macros.
+// and fills, stream priorities, cross-stream ordering with events, timing events, the profiler
+// on CUDA streams, the error macros, and device-side checks.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cuda_test_util.h"
@@ -19,6 +23,7 @@
 #include "meshtrain/ops/swiglu.h"
 #include "meshtrain/runtime/cuda/cuda_backend.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
+#include "meshtrain/train/profiler.h"
 
 namespace meshtrain::cudatest {
 namespace {
@@ -151,6 +156,42 @@ TEST(CudaBackend, NoDeviceAllocationAfterPrepare) {
   EXPECT_EQ(allocation_count(), allocs);
   EXPECT_EQ(be.device_malloc_count(), mallocs);
   EXPECT_TRUE(std::isfinite(to_host(be, ex.tensor(loss)).item_as_double(0)));
+}
+
+// The profiler on CUDA streams: timing events around every node, one trace event per node.
+TEST(CudaBackend, ProfilerTracesEveryNode) {
+  CudaBackend& be = backend();
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", {Shape{256, 512}, DType::kBF16});
+  ValueId w = b.input("w", {Shape{512}, DType::kBF16});
+  ValueId u = b.input("u", {Shape{256, 512}, DType::kBF16});
+  ValueId y = ops::swiglu(b, ops::rmsnorm(b, x, w, 1e-5), u);
+  g.mark_output(y);
+  Executor ex(g, plan_memory(g, DeviceType::kCUDA), be, nullptr);
+  ex.prepare();
+  Profiler prof(be, ex, 1, 0);
+  prof.begin_step();
+  ex.set_observer(&prof);
+  ex.run();
+  ex.set_observer(nullptr);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("mt_cuda_profiler_{}", getpid());
+  const std::string file = prof.write_trace(dir.string(), 3);
+  EXPECT_EQ(file, (dir / "iteration_3" / "rank0_trace.json").string());
+  std::ifstream in(file);
+  nlohmann::json trace = nlohmann::json::parse(in);
+  int complete = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    ++complete;
+    EXPECT_GE(e.at("dur").get<double>(), 0.0) << e.dump();
+    if (e.at("name") == "rmsnorm") {
+      EXPECT_GT(e.at("dur").get<double>(), 0.0) << e.dump();
+    }
+  }
+  EXPECT_EQ(complete, int(ex.plan().schedule.size()));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CudaCheck, ErrorsNameTheCallAndTheCudaError) {
