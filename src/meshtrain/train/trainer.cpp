@@ -50,9 +50,16 @@ void check_supported(const JobConfig& cfg) {
 }
 }  // namespace
 
+namespace {
+Communicator& world_of(const JobConfig& cfg, Runtime& runtime) {
+  runtime.set_comm_timeouts({.init_seconds = double(cfg.comm.init_timeout_seconds),
+                             .train_seconds = double(cfg.comm.train_timeout_seconds)});
+  return runtime.world(resolve_device(cfg.job.device) == "cuda" ? "nccl" : "mpi");
+}
+}  // namespace
+
 Trainer::Trainer(const JobConfig& cfg, Runtime& runtime)
-    : Trainer(cfg, runtime.world(resolve_device(cfg.job.device) == "cuda" ? "nccl" : "mpi"),
-              runtime.launch()) {}
+    : Trainer(cfg, world_of(cfg, runtime), runtime.launch()) {}
 
 Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& launch)
     : cfg_(cfg), launch_(launch), rank_(world.rank()), world_size_(world.size()) {
@@ -140,6 +147,8 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
       rank_ == 0 && cfg_.metrics.enable_jsonl
           ? (std::filesystem::path(dump_folder_) / "metrics.jsonl").string()
           : std::string());
+  if (cfg_.profiling.enable_profiling)
+    profiler_ = std::make_unique<Profiler>(*backend_, *exec_, int(accum_steps_), rank_);
   sg.reset();
   log_startup();
 }
@@ -198,9 +207,21 @@ StepRecord Trainer::step(bool read_back) {
   ++step_;
   Stream& s = backend_->stream(0);
   backend_->fill_zero(loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(), s);
+  // Profiled steps only: the observer records events around every node of this step's runs.
+  const bool profile =
+      profiler_ && step_ % std::max<int64_t>(1, cfg_.profiling.profile_freq) == 0;
+  if (profile) {
+    profiler_->begin_step();
+    exec_->set_observer(profiler_.get());
+  }
   for (int64_t m = 0; m < accum_steps_; ++m) {
     feeder_->feed(*loader_);
     exec_->run();
+  }
+  if (profile) {
+    exec_->set_observer(nullptr);
+    profiler_->write_trace(
+        (std::filesystem::path(dump_folder_) / cfg_.profiling.save_traces_folder).string(), step_);
   }
   StepRecord r;
   r.step = step_;

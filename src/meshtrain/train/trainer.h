@@ -22,6 +22,7 @@
 #include "meshtrain/train/input_feeder.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/train/profiler.h"
 
 namespace meshtrain {
 
@@ -34,7 +35,8 @@ struct StepRecord {
 
 class Trainer {
  public:
-  // Uses the runtime's world communicator of the device's backend (MPI for cpu, NCCL for cuda).
+  // Uses the runtime's world communicator of the device's backend (MPI for cpu, NCCL for cuda),
+  // created with the [comm] timeouts.
   Trainer(const JobConfig& cfg, Runtime& runtime);
   // Runs over any world communicator (tests run a 1-rank reference beside an N-rank run).
   Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& launch);
@@ -77,6 +79,7 @@ class Trainer {
   std::unique_ptr<InputFeeder> feeder_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<MetricsLogger> metrics_;
+  std::unique_ptr<Profiler> profiler_;  // [profiling] enable_profiling
   ModelCounts counts_;
   ReshardStats reshard_;
   CheckpointStats checkpoint_;
