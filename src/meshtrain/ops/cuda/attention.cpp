@@ -119,7 +119,8 @@ KernelFn make_attention_backward(const Node& n, const Graph& g) {
   const size_t delta_bytes =
       size_t(s.batch * s.heads_q * s.seq) * (dtype == DType::kF64 ? sizeof(double) : sizeof(float));
   return [s, dtype, delta_bytes](KernelContext& c) {
-    if (s.heads_q == 0) {  // no query heads: dk and dv are zero (and dq is empty)
+    if (s.batch * s.seq == 0) return;  // every output is empty
+    if (s.heads_q == 0) {              // no query heads: dk and dv are zero (and dq is empty)
       CUDA_CHECK(cudaMemsetAsync(c.out[1].raw(), 0, c.out[1].nbytes(), stream_of(c)));
       CUDA_CHECK(cudaMemsetAsync(c.out[2].raw(), 0, c.out[2].nbytes(), stream_of(c)));
       return;
