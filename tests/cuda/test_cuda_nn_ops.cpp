@@ -293,7 +293,9 @@ TEST(CudaNnOps, AdamWMatchesCpu) {
   for (int k = 0; k < 3; ++k) {
     std::vector<double> want = host_values(*host[k]), got = host_values(to_host(gpu, *dev[k]));
     for (size_t i = 0; i < want.size(); ++i)
-      ASSERT_NEAR(got[i], want[i], 2e-6 * std::abs(want[i]) + 1e-9) << names[k] << "[" << i << "]";
+      // Absolute part at float32 rounding of the operands (|m|, |g| <= 1): the moment update
+      // m + (g - m)(1 - b1) cancels, and the GPU contracts it into FMAs.
+      ASSERT_NEAR(got[i], want[i], 2e-6 * std::abs(want[i]) + 1e-8) << names[k] << "[" << i << "]";
   }
 }
 

@@ -192,3 +192,19 @@ TEST(ActivationCheckpoint, EveryModeGivesBitwiseIdenticalStepsAndFullUsesLessMem
 }
 }  // namespace
 }  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+TEST(Init, ThreadedFillEqualsRowByRowFill) {
+  const Shape global{2100, 1000};  // > 2M elements: filled by several threads
+  Tensor full = Tensor::empty(global, DType::kF32);
+  init_local(full, global, LocalPiece{}, InitSpec::normal(0.02), 5, "big");
+  for (int64_t row : {0, 1049, 1050, 2099}) {
+    Tensor one = Tensor::empty(Shape{1, 1000}, DType::kF32);
+    init_local(one, global, LocalPiece{{row, 0}}, InitSpec::normal(0.02), 5, "big");
+    for (int64_t k = 0; k < 1000; ++k)
+      ASSERT_EQ(one.data<float>()[k], full.data<float>()[row * 1000 + k]) << row << "," << k;
+  }
+}
+}  // namespace
+}  // namespace meshtrain

@@ -1,6 +1,9 @@
 // init_local: each element's value depends only on (seed, parameter name, global flat index).
 #include "meshtrain/tensor/init.h"
 
+#include <exception>
+#include <thread>
+
 #include "meshtrain/core/random.h"
 
 namespace meshtrain {
@@ -57,10 +60,15 @@ void init_local(const Tensor& local, const Shape& global, const LocalPiece& piec
   const int64_t inner_global = r ? piece.limit_at(r - 1, global[r - 1]) : 1;
   const int64_t outer = inner_local ? local.numel() / inner_local : 0;
 
-  auto run = [&](auto* out) {
+  // Rows [o_begin, o_end) of the outer odometer; elements are independent, so threads split rows.
+  auto run_rows = [&](auto* out, int64_t o_begin, int64_t o_end) {
     using T = std::remove_pointer_t<decltype(out)>;
-    std::vector<int64_t> idx(size_t(std::max(r - 1, 0)), 0);  // odometer over the outer dims
-    for (int64_t o = 0; o < outer; ++o) {
+    std::vector<int64_t> idx(size_t(std::max(r - 1, 0)), 0);
+    for (int64_t o = o_begin, d = r - 2; d >= 0; --d) {  // odometer position of row o_begin
+      idx[size_t(d)] = o % ls[d];
+      o /= ls[d];
+    }
+    for (int64_t o = o_begin; o < o_end; ++o) {
       bool pad = false;
       int64_t base = 0;
       for (int d = 0; d + 1 < r; ++d) {
@@ -79,6 +87,27 @@ void init_local(const Tensor& local, const Shape& global, const LocalPiece& piec
         idx[size_t(d)] = 0;
       }
     }
+  };
+  // Start-up only: a 16B-parameter shard takes minutes on one core, seconds on all of them.
+  auto run = [&](auto* out) {
+    const int64_t work = local.numel();
+    int threads = int(std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()),
+                                        std::max<int64_t>(1, work / (1 << 20))));
+    threads = int(std::min<int64_t>(threads, std::max<int64_t>(outer, 1)));
+    if (threads <= 1) return run_rows(out, 0, outer);
+    std::vector<std::thread> pool;
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        try {
+          run_rows(out, outer * t / threads, outer * (t + 1) / threads);
+        } catch (...) {
+          errors[size_t(t)] = std::current_exception();
+        }
+      });
+    for (auto& th : pool) th.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
   };
   if (local.dtype() == DType::kF32)
     run(static_cast<float*>(local.raw()));

@@ -1,4 +1,4 @@
-// NcclCommunicator (see header): non-blocking creation and calls settled against timeouts, the
+// NcclCommunicator (see header): blocking creation, calls settled against timeouts, the
 // per-communicator event pool, and the watchdog that CUDA host waits poll.
 #include "meshtrain/comm/nccl/nccl_communicator.h"
 
@@ -183,10 +183,12 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const ncclUniqueId& i
   MT_CHECK_T(ValueError, nranks >= 1 && rank >= 0 && rank < nranks,
              "nccl communicator '{}': rank {} is outside a world of {}", name, rank, nranks);
   CUDA_CHECK(cudaSetDevice(device));
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;  // init returns ncclInProgress; we poll it against init_seconds
+  // Blocking mode, and no ncclConfig_t: on the H200 image the non-blocking split failed
+  // ("Attempt to use communicator before the previous operation returned ncclSuccess") and the
+  // config struct of these headers may not match the runtime library's. Hangs inside a step are
+  // still caught by the host-wait watchdog; a rank that never joins init is not bounded here.
   ncclComm_t comm = nullptr;
-  ncclResult_t rc = ncclCommInitRankConfig(&comm, nranks, id, rank, &cfg);
+  ncclResult_t rc = ncclCommInitRank(&comm, nranks, id, rank);
   rc = comm ? poll_settled(comm, rc, timeouts.init_seconds) : rc;
   if (rc == ncclInProgress) {
     ncclCommAbort(comm);
@@ -311,8 +313,12 @@ void NcclCommunicator::abort_now() {
   if (aborted_) return;
   aborted_ = true;
   for (auto& s : slots_) s->pending = false;
-  ncclResult_t rc = ncclCommAbort(comm_);
-  if (rc != ncclSuccess) log_warn("{}: ncclCommAbort failed: {}", who(), ncclGetErrorString(rc));
+  // In blocking mode ncclCommAbort can wait for work already queued on the stream; run it on
+  // its own thread so the error that follows reaches the user now (the process is exiting).
+  std::thread([comm = comm_, name = who()] {
+    ncclResult_t rc = ncclCommAbort(comm);
+    if (rc != ncclSuccess) log_warn("{}: ncclCommAbort failed: {}", name, ncclGetErrorString(rc));
+  }).detach();
 }
 
 // ---- collectives --------------------------------------------------------------------------
@@ -468,10 +474,9 @@ void NcclCommunicator::barrier() {
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
   check_usable("split");
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
   ncclComm_t child = nullptr;
-  ncclResult_t rc = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &cfg);
+  // config nullptr: the child inherits the parent's (blocking) configuration.
+  ncclResult_t rc = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr);
   if (child) {
     rc = poll_settled(child, rc, timeouts_.init_seconds);
     if (rc != ncclSuccess) {

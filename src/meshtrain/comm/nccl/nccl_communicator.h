@@ -4,10 +4,10 @@
 // recorded after the collective. A Work stays valid until kEventPool later calls on the same
 // communicator.
 //
-// Hangs become CommErrors. Communicators are created in NCCL's non-blocking mode, so creation,
-// splits and the (lazy, connection-making) first collectives return ncclInProgress instead of
-// blocking; we poll ncclCommGetAsyncError against init_seconds (creation, split) or
-// train_seconds (collective calls). A collective that hangs on the GPU is caught by the CUDA
+// Hangs become CommErrors. Communicators are created in NCCL's blocking mode (the non-blocking
+// split failed on the H200 image; see create()), so a rank that never joins creation is not
+// bounded by init_seconds. Calls that still return ncclInProgress are polled against
+// train_seconds. A collective that hangs on the GPU is caught by the CUDA
 // backend's host waits, which poll a watchdog (no extra thread): once a wait has lasted
 // train_seconds while a collective is still outstanding, the oldest outstanding collective of
 // any NCCL communicator is reported -- op, sequence number, communicator name, group rank and
