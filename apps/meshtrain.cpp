@@ -1,7 +1,9 @@
 // meshtrain command line: `train`, `plan` and `tokenize` subcommands. Thin: parsing and error
 // reporting here, the work in train/. Every failure is one clear line and a non-zero exit; in a
 // multi-rank run the failing rank aborts the job so no rank hangs.
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -10,6 +12,9 @@
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
+#include "meshtrain/data/text_dataset.h"
+#include "meshtrain/data/token_file.h"
+#include "meshtrain/data/tokenizer.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/plan_report.h"
 #include "meshtrain/train/trainer.h"
@@ -39,7 +44,8 @@ struct Args {
 
 Args parse_args(int argc, char** argv, const std::vector<std::string>& own_options) {
   Args a;
-  if (argc < 2) MT_THROW(ConfigError, "no command given\n{}", kUsage);
+  if (argc < 2)
+    MT_THROW(ConfigError, "no command given: expected train, plan or tokenize (meshtrain --help)");
   a.command = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string s = argv[i];
@@ -86,6 +92,33 @@ int run_plan(int argc, char** argv) {
   return 0;
 }
 
+// Packs documents as BOS doc EOS with the byte tokenizer into an llm.c-format token file.
+int run_tokenize(int argc, char** argv) {
+  Args a = parse_args(argc, argv, {"--input", "--output", "--dataset"});
+  MT_CHECK_T(ConfigError, a.options.count("--output"), "tokenize needs --output FILE.bin");
+  MT_CHECK_T(ConfigError, a.overrides.empty(), "tokenize: unknown option '{}'", a.overrides.front());
+  std::string dataset = a.options.count("--dataset") ? a.options["--dataset"] : "text";
+  std::string input = a.options.count("--input") ? a.options["--input"] : "";
+  MT_CHECK_T(ConfigError, dataset == "text" || dataset == "fortunes",
+             "tokenize --dataset must be text or fortunes, found '{}'", dataset);
+  MT_CHECK_T(ConfigError, dataset == "fortunes" || !input.empty(),
+             "tokenize --dataset text needs --input PATH");
+  meshtrain::TextCorpus corpus = dataset == "fortunes" ? meshtrain::TextCorpus::load_fortunes(input)
+                                                       : meshtrain::TextCorpus::load_text(input);
+  auto tok = meshtrain::make_tokenizer("byte");
+  std::vector<int32_t> ids;
+  for (int64_t d = 0; d < corpus.num_documents(); ++d) {
+    ids.push_back(tok->bos_id());
+    std::vector<int32_t> doc = tok->encode(corpus.document(d));
+    ids.insert(ids.end(), doc.begin(), doc.end());
+    ids.push_back(tok->eos_id());
+  }
+  meshtrain::write_token_file(a.options["--output"], ids);
+  std::printf("%s -> %s: %zu tokens\n", corpus.description().c_str(), a.options["--output"].c_str(),
+              ids.size());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,13 +126,17 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") return run_train(argc, argv);
     if (command == "plan") return run_plan(argc, argv);
+    if (command == "tokenize") return run_tokenize(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
       std::printf("%s", kUsage);
       return 0;
     }
-    MT_THROW(ConfigError, "unknown command '{}'\n{}", command, kUsage);
+    MT_THROW(ConfigError, "unknown command '{}': expected train, plan or tokenize (meshtrain --help)",
+             command);
   } catch (const meshtrain::Error& e) {
-    std::fprintf(stderr, "meshtrain: %s\n", e.what());
+    // A config error is the same on every rank: rank 0 alone reports it, every rank exits non-zero.
+    if (e.kind() != meshtrain::ErrorKind::kConfig || meshtrain::detect_launch().rank == 0)
+      std::fprintf(stderr, "meshtrain: %s\n", e.what());
     std::fflush(stderr);
     if (meshtrain::detect_launch().world_size > 1) meshtrain::abort_all(1);
     return 1;

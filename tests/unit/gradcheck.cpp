@@ -2,6 +2,8 @@
 // element contributes with its own weight.
 #include "gradcheck.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -141,6 +143,11 @@ GradCheckReport gradcheck(const std::vector<InputSpec>& specs, const BuildFn& bu
     }
   }
   return report;
+}
+
+void expect_grad_ok(const GradCheckReport& r, double tolerance) {
+  EXPECT_GT(r.checked, 0);
+  EXPECT_LE(r.max_rel_error, tolerance) << r.worst << " (seed " << r.seed << ")";
 }
 
 std::vector<Tensor> run_forward(const std::vector<Tensor>& inputs, const BuildFn& build) {

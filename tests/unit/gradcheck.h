@@ -49,4 +49,7 @@ std::vector<Tensor> run_forward(const std::vector<Tensor>& inputs, const BuildFn
 
 uint64_t fresh_seed();
 
+// The acceptance bar of every op gradcheck: something was checked and max relative error <= tol.
+void expect_grad_ok(const GradCheckReport& report, double tolerance = 1e-6);
+
 }  // namespace meshtrain::testing

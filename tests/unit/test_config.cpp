@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/check.h"
+#include "test_support.h"
 #include "meshtrain/core/config.h"
 #include "meshtrain/train/job_config.h"
 
@@ -16,43 +17,10 @@ namespace {
 namespace fs = std::filesystem;
 using Args = std::vector<std::string>;
 
-::testing::AssertionResult contains(const char* text_expr, const char* part_expr,
-                                    const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << text_expr << " does not contain " << part_expr
-                                       << "\n  text:   " << text << "\n  wanted: " << part;
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(contains, text, part)
 
-// A fresh folder per test; removed when the test ends.
-class ConfigTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           fmt::format("mt_config_{}_{}_{}", info->test_suite_name(), info->name(), getpid());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& text) {
-    fs::path p = dir_ / name;
-    std::ofstream(p) << text;
-    return p.string();
-  }
-  fs::path dir_;
-};
+class ConfigTest : public testing::TempDirTest {};
 
-// The message of the ConfigError `f` throws (fails the test when it throws nothing).
-template <typename F>
-std::string config_error(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return "";
-}
+template <typename F> std::string config_error(F&& f) { return testing::error_message<ConfigError>(f); }
 
 JobConfig parse_text(ConfigTest* t, const std::string& toml, const Args& overrides = {}) {
   (void)t;

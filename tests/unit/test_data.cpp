@@ -12,6 +12,7 @@
 #include <map>
 
 #include "meshtrain/core/check.h"
+#include "test_support.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/text_dataset.h"
 #include "meshtrain/data/token_file.h"
@@ -22,42 +23,10 @@ namespace meshtrain {
 namespace {
 namespace fs = std::filesystem;
 
-::testing::AssertionResult contains(const char* text_expr, const char* part_expr,
-                                    const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << text_expr << " does not contain " << part_expr
-                                       << "\n  text:   " << text << "\n  wanted: " << part;
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(contains, text, part)
 
-template <typename F>
-std::string data_error(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "expected a DataError";
-  return "";
-}
+template <typename F> std::string data_error(F&& f) { return testing::error_message<DataError>(f); }
 
-class DataTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           fmt::format("mt_data_{}_{}_{}", info->test_suite_name(), info->name(), getpid());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& bytes) {
-    fs::path p = dir_ / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << bytes;
-    return p.string();
-  }
-  fs::path dir_;
-};
+class DataTest : public testing::TempDirTest {};
 
 // ---- tokenizer -------------------------------------------------------------------------------
 

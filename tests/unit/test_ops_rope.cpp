@@ -17,10 +17,7 @@ using testing::gradcheck;
 using testing::InputSpec;
 constexpr double kPi = std::numbers::pi;
 
-void expect_grad_ok(const testing::GradCheckReport& r) {
-  EXPECT_GT(r.checked, 0);
-  EXPECT_LE(r.max_rel_error, 1e-6) << r.worst << " (seed " << r.seed << ")";
-}
+using testing::expect_grad_ok;
 
 // Reference frequencies, written the way torchtitan states them (two torch.where steps for
 // llama3; find_correction_dim / find_correction_range / linear_ramp_factor for yarn).

@@ -48,6 +48,14 @@ using EnvLookup = std::function<const char*(const char*)>;
 LaunchInfo detect_launch(const EnvLookup& env);
 LaunchInfo detect_launch();  // from the process environment
 
+// How long communicator backends that detect hangs (nccl) wait: for communicator creation and
+// splits, and for any collective a host wait depends on. [comm] init_timeout_seconds and
+// train_timeout_seconds; the defaults are the config's.
+struct CommTimeouts {
+  double init_seconds = 300;
+  double train_seconds = 100;
+};
+
 class Runtime;
 // Factory for a non-MPI world communicator (for example "nccl"), registered at static-init time.
 using CommBackendFactory = std::function<std::unique_ptr<Communicator>(Runtime&)>;
@@ -79,6 +87,9 @@ class Runtime {
   // The world communicator of a named backend: "mpi" is world(); others come from
   // register_comm_backend and are created once, on first use.
   Communicator& world(const std::string& backend);
+  // Read by backend factories when they create a world: set before the first world(name).
+  void set_comm_timeouts(const CommTimeouts& t) { timeouts_ = t; }
+  const CommTimeouts& comm_timeouts() const { return timeouts_; }
 
  private:
   void init_mpi(int* argc, char*** argv);
@@ -86,6 +97,7 @@ class Runtime {
   int uncaught_at_start_ = 0;
   bool mpi_ready_ = false;
   bool owns_mpi_ = false;
+  CommTimeouts timeouts_;
   std::unique_ptr<Communicator> mpi_world_;
   std::map<std::string, std::unique_ptr<Communicator>> backend_worlds_;
 };

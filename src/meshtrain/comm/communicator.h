@@ -2,7 +2,8 @@
 // on a stream. The MPI backend (CPU tensors) completes each call before returning; the NCCL
 // backend enqueues on the stream and returns a Work whose event marks completion. Buffers are
 // contiguous; collectives along dim 0 (all_gather concatenates rank blocks, reduce_scatter gives
-// rank r block r). bfloat16 reductions accumulate in float32.
+// rank r block r). bfloat16 reductions: the MPI backend accumulates in float32; NCCL sums bf16
+// natively, rounding at each hop (see nccl/nccl_communicator.h).
 #pragma once
 
 #include <cstdint>

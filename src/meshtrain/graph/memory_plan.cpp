@@ -148,7 +148,7 @@ MemoryPlan plan_memory(const Graph& graph, DeviceType device) {
 
 std::string MemoryPlan::summary() const {
   return fmt::format(
-      "parameters {}, gradients {}, optimizer+state {}, activations {} (live peak {}), inputs "
+      "parameters {}, gradients {}, other state {}, activations {} (live peak {}), inputs "
       "{}; total {}",
       gib(parameter_bytes), gib(gradient_bytes), gib(state_bytes), gib(arena_bytes),
       gib(live_peak_bytes), gib(input_bytes), gib(total_bytes()));

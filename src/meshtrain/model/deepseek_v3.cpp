@@ -262,6 +262,12 @@ ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_s
 }
 
 ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
+  // The MLA and MoE blocks do not shard heads, experts or tokens over tp yet; replicated weights
+  // would have their gradients summed over tp ranks that computed the same thing.
+  MT_CHECK_T(ConfigError, plan.tp_degree() == 1,
+             "deepseek_v3 does not support [parallelism] tensor_parallel_degree > 1 yet (found "
+             "{}); use data_parallel_shard_degree / data_parallel_replicate_degree",
+             plan.tp_degree());
   const DType cdt = plan.config().compute_dtype;
   ValueId emb =
       plan.param(b, "tok_embeddings.weight", {a_.vocab_size, a_.dim}, InitSpec::normal(1.0));

@@ -22,12 +22,16 @@ int64_t Llama3Args::ffn_hidden() const {
   return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
 }
 
-std::vector<std::string> llama3_flavors() { return {"debugmodel", "8B", "70B", "405B"}; }
+std::vector<std::string> llama3_flavors() { return {"debugmodel", "tiny", "8B", "70B", "405B"}; }
 
 Llama3Args llama3_flavor(const std::string& flavor) {
   Llama3Args a;
   if (flavor == "debugmodel") {
     a.dim = 256; a.n_layers = 6; a.n_heads = 16; a.rope_theta = 500000; a.vocab_size = 0;
+  } else if (flavor == "tiny") {
+    // meshtrain's test flavor: odd sizes (dim 40, ffn 112) that do not divide by 3, so uneven
+    // FSDP shards are exercised; small enough for many ranks on two cores.
+    a.dim = 40; a.n_layers = 2; a.n_heads = 4; a.multiple_of = 16; a.rope_theta = 500000;
   } else if (flavor == "8B") {
     a.dim = 4096; a.n_layers = 32; a.n_heads = 32; a.n_kv_heads = 8; a.ffn_dim_multiplier = 1.3;
     a.multiple_of = 1024; a.rope_theta = 500000; a.vocab_size = 128256;
@@ -70,13 +74,16 @@ class Llama3 final : public Model {
                     const ModelInputs& in);
   ValueId feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
   ValueId weight(Builder& b, ParallelPlan& plan, const std::string& local, const Shape& shape,
-                 const InitSpec& init) {
-    return plan.param(b, b.current_scope() + "." + local, shape, init);
+                 const InitSpec& init, ParamOptions options = {}) {
+    return plan.param(b, b.current_scope() + "." + local, shape, init, options);
   }
   Llama3Args a_;
   std::string flavor_;
 };
 
+// Attention and feed-forward take the residual stream's token shard x [T/tp, D] and return
+// their output on the same shard: tp_enter gathers the tokens for the column-parallel
+// projections, tp_exit reduce-scatters the row-parallel output (identities when tp = 1).
 ValueId Llama3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table,
                           double init_std, const ModelInputs& in) {
   auto s = b.scope("attention");
@@ -84,36 +91,48 @@ ValueId Llama3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId tab
   const int64_t hd = a_.head_dim();
   const int64_t hq = a_.n_heads / tp, hkv = a_.kv_heads() / tp;
   const int64_t B = in.batch, S = in.seq_len;
-  ValueId wq = weight(b, plan, "wq.weight", {a_.n_heads * hd, a_.dim}, InitSpec::trunc_normal(0.02));
-  ValueId wk = weight(b, plan, "wk.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02));
-  ValueId wv = weight(b, plan, "wv.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02));
-  ValueId wo = weight(b, plan, "wo.weight", {a_.dim, a_.n_heads * hd}, InitSpec::trunc_normal(init_std));
-  ValueId q = ops::reshape(b, ops::linear(b, x, wq), Shape{B, S, hq, hd});
-  ValueId k = ops::reshape(b, ops::linear(b, x, wk), Shape{B, S, hkv, hd});
-  ValueId v = ops::reshape(b, ops::linear(b, x, wv), Shape{B, S, hkv, hd});
+  const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
+  ValueId wq = weight(b, plan, "wq.weight", {a_.n_heads * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
+  ValueId wk = weight(b, plan, "wk.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
+  ValueId wv = weight(b, plan, "wv.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
+  ValueId wo = weight(b, plan, "wo.weight", {a_.dim, a_.n_heads * hd}, InitSpec::trunc_normal(init_std), row);
+  ValueId xf = plan.tp_enter(b, x);
+  ValueId q = ops::reshape(b, ops::linear(b, xf, wq), Shape{B, S, hq, hd});
+  ValueId k = ops::reshape(b, ops::linear(b, xf, wk), Shape{B, S, hkv, hd});
+  ValueId v = ops::reshape(b, ops::linear(b, xf, wv), Shape{B, S, hkv, hd});
   q = ops::rope(b, q, table);
   k = ops::rope(b, k, table);
   ValueId o = ops::attention(b, q, k, v, 1.0 / std::sqrt(double(hd)), true).out;
-  return ops::linear(b, ops::reshape(b, o, Shape{B, S, hq * hd}), wo);
+  return plan.tp_exit(b, ops::linear(b, ops::reshape(b, o, Shape{B * S, hq * hd}), wo));
 }
 
 ValueId Llama3::feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std) {
   auto s = b.scope("feed_forward");
   const int64_t hidden = a_.ffn_hidden();
-  ValueId w1 = weight(b, plan, "w1.weight", {hidden, a_.dim}, InitSpec::trunc_normal(0.02));
-  ValueId w2 = weight(b, plan, "w2.weight", {a_.dim, hidden}, InitSpec::trunc_normal(init_std));
-  ValueId w3 = weight(b, plan, "w3.weight", {hidden, a_.dim}, InitSpec::trunc_normal(init_std));
-  ValueId h = ops::swiglu(b, ops::linear(b, x, w1), ops::linear(b, x, w3));
-  return ops::linear(b, h, w2);
+  const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
+  ValueId w1 = weight(b, plan, "w1.weight", {hidden, a_.dim}, InitSpec::trunc_normal(0.02), col);
+  ValueId w2 = weight(b, plan, "w2.weight", {a_.dim, hidden}, InitSpec::trunc_normal(init_std), row);
+  ValueId w3 = weight(b, plan, "w3.weight", {hidden, a_.dim}, InitSpec::trunc_normal(init_std), col);
+  ValueId xf = plan.tp_enter(b, x);
+  ValueId h = ops::swiglu(b, ops::linear(b, xf, w1), ops::linear(b, xf, w3));
+  return plan.tp_exit(b, ops::linear(b, h, w2));
 }
 
 ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
   const DType cdt = plan.config().compute_dtype;
+  const int tp = plan.tp_degree();
+  MT_CHECK_T(ConfigError, a_.n_heads % tp == 0 && a_.kv_heads() % tp == 0,
+             "llama3 {}: n_heads {} and n_kv_heads {} must divide by tensor_parallel_degree {}",
+             flavor_, a_.n_heads, a_.kv_heads(), tp);
+  const int64_t T = in.batch * in.seq_len;
+  // The residual stream is [tokens, dim] on this rank's token shard (sequence parallel).
+  ValueId tokens = plan.shard_tokens(b, ops::reshape(b, in.tokens, Shape{T}));
+  ValueId labels = plan.shard_tokens(b, ops::reshape(b, in.labels, Shape{T}));
   ValueId emb = plan.param(b, "tok_embeddings.weight", {a_.vocab_size, a_.dim}, InitSpec::normal(1.0));
   ValueId h;
   {
     auto s = b.scope("tok_embeddings");
-    h = ops::embedding(b, in.tokens, emb);
+    h = ops::embedding(b, tokens, emb);
   }
   ops::RopeConfig rc;
   rc.scaling = "llama3";
@@ -138,9 +157,8 @@ ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
   ValueId wout = plan.param(b, "output.weight", {a_.vocab_size, a_.dim},
                             InitSpec::trunc_normal(out_std, -3 * out_std, 3 * out_std));
   auto s = b.scope("output");
+  // Logits of this rank's token shard only: [T/tp, vocab].
   ValueId logits = ops::linear(b, h, wout);
-  logits = ops::reshape(b, logits, Shape{in.batch * in.seq_len, a_.vocab_size});
-  ValueId labels = ops::reshape(b, in.labels, Shape{in.batch * in.seq_len});
   return ops::cross_entropy(b, logits, labels, in.token_count);
 }
 

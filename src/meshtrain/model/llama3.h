@@ -24,7 +24,7 @@ struct Llama3Args {
   int64_t ffn_hidden() const;  // torchtitan's FeedForward hidden size rule
 };
 
-// Flavors with torchtitan's shapes: debugmodel, 8B, 70B, 405B.
+// Flavors with torchtitan's shapes (debugmodel, 8B, 70B, 405B) and meshtrain's test flavor "tiny".
 Llama3Args llama3_flavor(const std::string& flavor);
 std::vector<std::string> llama3_flavors();
 

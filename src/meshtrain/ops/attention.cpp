@@ -57,6 +57,13 @@ size_t cpu_tile_bytes(const TensorMeta& q) {
   return size_t(std::min(s, kCpuAttentionRowBlock) * s) * elem;
 }
 
+// CUDA backward: delta = rowsum(dout * out) per (batch, q head, row), in the accumulation type
+// (fp32 for bf16/fp32, fp64 for fp64). The forward needs no scratch on CUDA.
+size_t cuda_delta_bytes(const TensorMeta& q) {
+  const size_t elem = q.dtype == DType::kF64 ? sizeof(double) : sizeof(float);
+  return size_t(q.shape[0] * q.shape[2] * q.shape[1]) * elem;
+}
+
 }  // namespace
 
 MT_REGISTER_OPS {
@@ -105,10 +112,10 @@ MT_REGISTER_OPS {
                         in[4].dtype, in[4].shape);
              return std::vector<TensorMeta>{in[0], in[1], in[2]};
            },
-       // CPU: tiles of the probabilities P and of their gradient dP.
+       // CPU: tiles of the probabilities P and of their gradient dP. CUDA: the delta rows.
        .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
                        const Attrs&, DeviceType device) -> size_t {
-         return device == DeviceType::kCPU ? 2 * cpu_tile_bytes(in[0]) : 0;
+         return device == DeviceType::kCPU ? 2 * cpu_tile_bytes(in[0]) : cuda_delta_bytes(in[0]);
        }});
 }
 

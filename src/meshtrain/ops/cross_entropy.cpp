@@ -2,6 +2,8 @@
 // and the token count are data, checked by the kernels; shapes and dtypes are checked here.
 #include "meshtrain/ops/cross_entropy.h"
 
+#include "meshtrain/ops/cuda/cuda_workspace.h"
+
 namespace meshtrain::ops {
 namespace {
 
@@ -23,6 +25,10 @@ void check_common(const std::vector<TensorMeta>& in, const char* op) {
   MT_CHECK_T(ShapeError, count.dtype == DType::kI64 && count.shape == Shape{1},
              "{}: token_count must be int64 [1], found {} {}", op, count.dtype, count.shape);
 }
+
+// The loss dtype: bf16 logits give a float32 loss (a bf16 sum over tokens would lose digits);
+// float32 and float64 logits give a loss of their own dtype.
+DType loss_dtype(DType logits) { return logits == DType::kBF16 ? DType::kF32 : logits; }
 
 }  // namespace
 
@@ -46,14 +52,21 @@ MT_REGISTER_OPS {
                              "cross_entropy takes (logits, labels, token_count), found {} inputs",
                              in.size());
                   check_common(in, "cross_entropy");
-                  return std::vector<TensorMeta>{{Shape{1}, in[0].dtype}};
+                  return std::vector<TensorMeta>{{Shape{1}, loss_dtype(in[0].dtype)}};
                 },
             .backward =
                 [](GradContext& c) {
                   ValueId d = cross_entropy_backward(c.b, c.in(0), c.in(1), c.in(2), c.grad_out(0),
                                                      c.attrs().i("ignore_index"));
                   return std::vector<ValueId>{d, kNoValue, kNoValue};
-                }});
+                },
+            // CUDA: one float64 loss per row, then a deterministic reduction's partials.
+            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
+                            const Attrs&, DeviceType device) -> size_t {
+              return device == DeviceType::kCUDA
+                         ? cuda::cross_entropy_workspace_bytes(in[0].shape[0])
+                         : 0;
+            }});
   r.add_op({.name = "cross_entropy_backward",
             .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
               MT_CHECK_T(ShapeError, in.size() == 4,
@@ -61,9 +74,11 @@ MT_REGISTER_OPS {
                          "found {} inputs",
                          in.size());
               check_common(in, "cross_entropy_backward");
-              MT_CHECK_T(ShapeError, in[3].shape == Shape{1} && in[3].dtype == in[0].dtype,
-                         "cross_entropy_backward: dloss must be {} [1], found {} {}", in[0].dtype,
-                         in[3].dtype, in[3].shape);
+              const DType want = loss_dtype(in[0].dtype);
+              MT_CHECK_T(ShapeError, in[3].shape == Shape{1} && in[3].dtype == want,
+                         "cross_entropy_backward: dloss must be {} [1] (the loss of {} logits), "
+                         "found {} {}",
+                         want, in[0].dtype, in[3].dtype, in[3].shape);
               return std::vector<TensorMeta>{in[0]};
             }});
 }

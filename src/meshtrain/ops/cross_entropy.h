@@ -8,7 +8,8 @@
 
 namespace meshtrain::ops {
 
-// logits [N, V] float, labels [N] int32, token_count [1] int64 -> loss [1] in logits' dtype.
+// logits [N, V] float, labels [N] int32, token_count [1] int64 -> loss [1] in logits' dtype
+// (float32 for bfloat16 logits).
 ValueId cross_entropy(Builder& b, ValueId logits, ValueId labels, ValueId token_count,
                       int64_t ignore_index = -100);
 // dlogits = (softmax(logits) - onehot(label)) * dloss / count; zero rows for ignored labels.

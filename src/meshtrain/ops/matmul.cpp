@@ -5,6 +5,11 @@
 
 namespace meshtrain::ops {
 
+namespace {
+// Equals cuda::kGemmWorkspaceBytes (ops/cuda/cublaslt_matmul.h), which CPU builds cannot include.
+constexpr size_t kCudaMatmulWorkspaceBytes = size_t(32) << 20;
+}  // namespace
+
 MatmulDims matmul_dims(const TensorMeta& a, const TensorMeta& b, bool ta, bool tb) {
   MT_CHECK_T(ShapeError, a.shape.rank() >= 1 && b.shape.rank() >= 1,
              "matmul operands need rank >= 1, found {} and {}", a.shape, b.shape);
@@ -56,6 +61,12 @@ MT_REGISTER_OPS {
            dB = reshape(b, dB, b.shape(B));
          }
          return std::vector<ValueId>{dA, dB};
+       },
+       // CUDA: cuBLASLt's recommended 32 MiB on Hopper (split-K partials, kernel scratch); the
+       // CUDA kernel plans its algorithm for exactly this size. CPU (OpenBLAS) needs none.
+       .workspace = [](const std::vector<TensorMeta>&, const std::vector<TensorMeta>&,
+                       const Attrs&, DeviceType device) -> size_t {
+         return device == DeviceType::kCUDA ? kCudaMatmulWorkspaceBytes : 0;
        }});
 }
 

@@ -1,6 +1,8 @@
 // rmsnorm / rmsnorm_backward: shape inference, workspace and the backward rule.
 #include "meshtrain/ops/rmsnorm.h"
 
+#include "meshtrain/ops/cuda/cuda_workspace.h"
+
 namespace meshtrain::ops {
 namespace {
 
@@ -59,10 +61,14 @@ MT_REGISTER_OPS {
                              in[2].shape, in[0].dtype, in[0].shape);
                   return std::vector<TensorMeta>{in[0], in[1]};
                 },
-            // CPU: the dw row-sum accumulates in float64 scratch of D elements.
+            // CPU: the dw row-sum accumulates in float64 scratch of D elements. CUDA: 1/rms per
+            // row and per-row-group column partials of dw (a deterministic reduction).
             .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
                             const Attrs&, DeviceType device) -> size_t {
-              return device == DeviceType::kCPU ? size_t(in[1].numel()) * sizeof(double) : 0;
+              if (device == DeviceType::kCUDA)
+                return cuda::rmsnorm_backward_workspace_bytes(in[0].shape.rows(),
+                                                              in[0].shape.last());
+              return size_t(in[1].numel()) * sizeof(double);
             }});
 }
 

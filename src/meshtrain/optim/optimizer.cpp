@@ -33,7 +33,14 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
     const ParamGroup& g = store.groups()[i];
     auto s = b.scope("grad_norm." + (g.norm_group.empty() ? std::string("local") : g.norm_group));
     ValueId sq = ops::sum_squares(b, bound[i].grad);
-    if (!g.norm_group.empty()) sq = ops::all_reduce(b, sq, g.norm_group);
+    // Shards are disjoint over each listed group: summing over them counts every element once.
+    size_t from = 0;
+    while (from < g.norm_group.size()) {
+      size_t comma = g.norm_group.find(',', from);
+      if (comma == std::string::npos) comma = g.norm_group.size();
+      sq = ops::all_reduce(b, sq, g.norm_group.substr(from, comma - from));
+      from = comma + 1;
+    }
     total = total == kNoValue ? sq : ops::add(b, total, sq);
   }
   if (total == kNoValue) total = ops::fill(b, Shape{1}, DType::kF64, 0.0);

@@ -14,7 +14,7 @@
 namespace meshtrain {
 
 struct ParamGroup {
-  std::string norm_group;       // mesh group whose ranks hold disjoint shards ("" = local)
+  std::string norm_group;       // groups whose ranks hold disjoint shards, comma-separated ("" = local)
   std::vector<size_t> params;   // indices into plan.params()
   std::vector<int64_t> offsets; // element offset of each param in the flat buffers
   int64_t numel = 0;

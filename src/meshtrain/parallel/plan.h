@@ -12,6 +12,7 @@
 
 #include "meshtrain/graph/autodiff.h"
 #include "meshtrain/graph/builder.h"
+#include "meshtrain/parallel/placement.h"
 #include "meshtrain/tensor/init.h"
 
 namespace meshtrain {
@@ -20,9 +21,15 @@ class GroupLayout;
 
 enum class ParamKind : uint8_t { kDense, kExpert };
 
+// How a dense weight [out, in] is split over the `tp` group (Megatron): column-parallel shards
+// the output features (dim 0), row-parallel the input features (dim 1); replicated weights get
+// their partial per-rank gradients summed over tp.
+enum class TpStyle : uint8_t { kReplicate, kColwise, kRowwise };
+
 struct ParamOptions {
   ParamKind kind = ParamKind::kDense;
   bool trainable = true;
+  TpStyle tp = TpStyle::kReplicate;
   // What the model computes with for this parameter; unset = PlanConfig::compute_dtype. The MoE
   // router gate stays float32 in bfloat16 runs this way (torchtitan routes in float32).
   std::optional<DType> compute_dtype;
@@ -51,7 +58,13 @@ struct ParamInfo {
   ValueId master = kNoValue;  // persistent value (role kParameter, or kState if not trainable)
   ValueId grad = kNoValue;    // persistent accumulator (role kGradient)
   int shard_degree = 1;       // ranks the master is split over (1 = replicated/whole)
-  std::string shard_group;    // mesh group of that split ("" when whole)
+  // Mesh groups over which the master's shards are disjoint, comma-separated in reduction order
+  // ("fsdp", "fsdp,tp"; "" when whole): the gradient-norm all-reduces run over these.
+  std::string shard_group;
+  // The master's placement on each mesh group it spans, e.g. {fsdp: Shard(0), dp_replicate:
+  // Replicate()}; groups of size 1 are left out.
+  std::vector<std::pair<std::string, Placement>> placements;
+  std::string placement_string() const;
 };
 
 struct PlanConfig {
@@ -89,6 +102,16 @@ class ParallelPlan {
 
   // Degrees the model needs to size its local shapes (1 when the dim is absent).
   int tp_degree() const;
+
+  // Tensor parallel with sequence parallel. Between blocks the residual stream is Shard(0) on tp
+  // over the flattened tokens [T/tp, D] (norms, residual adds and the loss run on a token shard);
+  // a block's column-parallel matmuls see all tokens, its row-parallel output is Partial.
+  // shard_tokens: [T, ...] identical on every tp rank -> this rank's rows [T/tp, ...].
+  ValueId shard_tokens(Builder& b, ValueId x) const;
+  // tp_enter: [T/tp, D] token shard -> [T, D] (all_gather; backward reduce_scatter).
+  ValueId tp_enter(Builder& b, ValueId x) const;
+  // tp_exit: [T, D] partial sums of a row-parallel matmul -> [T/tp, D] (reduce_scatter).
+  ValueId tp_exit(Builder& b, ValueId y) const;
 
  private:
   ParamInfo& declare(const std::string& name, const Shape& global_shape, const InitSpec& init,

@@ -1,6 +1,9 @@
 // init_local: each element's value depends only on (seed, parameter name, global flat index).
 #include "meshtrain/tensor/init.h"
 
+#include <exception>
+#include <thread>
+
 #include "meshtrain/core/random.h"
 
 namespace meshtrain {
@@ -36,36 +39,75 @@ double value_at(const InitSpec& s, uint64_t seed, uint64_t stream, uint64_t inde
 }
 }  // namespace
 
+bool LocalPiece::is_padding(const std::vector<int64_t>& g, const Shape& global) const {
+  for (int d = 0; d < global.rank(); ++d)
+    if (g[size_t(d)] >= limit_at(d, global[d])) return true;
+  return false;
+}
+
 void init_local(const Tensor& local, const Shape& global, const LocalPiece& piece,
                 const InitSpec& spec, uint64_t seed, const std::string& name) {
   MT_CHECK(local.device().is_cpu(), "init_local fills host tensors");
-  MT_CHECK(piece.dim == 0 || piece.dim == 1, "init_local supports pieces along dim 0 or 1");
-  MT_CHECK(local.shape().rank() == global.rank(), "local {} vs global {}", local.shape(), global);
-  const uint64_t stream = stable_hash(name);
-  const int64_t g0 = global.rank() >= 1 ? global[0] : 1;
-  const int64_t g1 = global.rank() >= 2 ? global[1] : 1;
-  const int64_t inner = global.rank() >= 2 ? global.numel() / (g0 * g1) : 1;
   const Shape& ls = local.shape();
-  const int64_t l0 = ls.rank() >= 1 ? ls[0] : 1;
-  const int64_t l1 = ls.rank() >= 2 ? ls[1] : 1;
-  for (int d = 2; d < global.rank(); ++d)
-    MT_CHECK(ls[d] == global[d], "local piece differs from global beyond dim 1");
-  if (piece.dim == 0) MT_CHECK(l1 == g1, "a dim-0 piece keeps dim 1 whole");
-  if (piece.dim == 1) MT_CHECK(l0 == g0, "a dim-1 piece keeps dim 0 whole");
+  const int r = global.rank();
+  MT_CHECK(ls.rank() == r, "local {} vs global {}", ls, global);
+  const uint64_t stream = stable_hash(name);
+  // Global strides; the innermost dim is walked as one contiguous run.
+  std::vector<int64_t> gstride(size_t(std::max(r, 1)), 1);
+  for (int d = r - 2; d >= 0; --d) gstride[size_t(d)] = gstride[size_t(d + 1)] * global[d + 1];
+  const int64_t inner_local = r ? ls[r - 1] : 1;
+  const int64_t inner_begin = r ? piece.at(r - 1) : 0;
+  const int64_t inner_global = r ? piece.limit_at(r - 1, global[r - 1]) : 1;
+  const int64_t outer = inner_local ? local.numel() / inner_local : 0;
 
-  auto run = [&](auto* out) {
+  // Rows [o_begin, o_end) of the outer odometer; elements are independent, so threads split rows.
+  auto run_rows = [&](auto* out, int64_t o_begin, int64_t o_end) {
     using T = std::remove_pointer_t<decltype(out)>;
-    for (int64_t i0 = 0; i0 < l0; ++i0)
-      for (int64_t i1 = 0; i1 < l1; ++i1) {
-        int64_t gi0 = piece.dim == 0 ? piece.begin + i0 : i0;
-        int64_t gi1 = piece.dim == 1 ? piece.begin + i1 : i1;
-        T* dst = out + (i0 * l1 + i1) * inner;
-        bool pad = gi0 >= g0 || gi1 >= g1;
-        for (int64_t k = 0; k < inner; ++k) {
-          uint64_t flat = uint64_t((gi0 * g1 + gi1) * inner + k);
-          dst[k] = pad ? T(0) : T(value_at(spec, seed, stream, flat));
-        }
+    std::vector<int64_t> idx(size_t(std::max(r - 1, 0)), 0);
+    for (int64_t o = o_begin, d = r - 2; d >= 0; --d) {  // odometer position of row o_begin
+      idx[size_t(d)] = o % ls[d];
+      o /= ls[d];
+    }
+    for (int64_t o = o_begin; o < o_end; ++o) {
+      bool pad = false;
+      int64_t base = 0;
+      for (int d = 0; d + 1 < r; ++d) {
+        int64_t g = piece.at(d) + idx[size_t(d)];
+        pad |= g >= piece.limit_at(d, global[d]);
+        base += g * gstride[size_t(d)];
       }
+      T* dst = out + o * inner_local;
+      for (int64_t k = 0; k < inner_local; ++k) {
+        int64_t g = inner_begin + k;
+        dst[k] = (pad || g >= inner_global) ? T(0)
+                                            : T(value_at(spec, seed, stream, uint64_t(base + g)));
+      }
+      for (int d = r - 2; d >= 0; --d) {
+        if (++idx[size_t(d)] < ls[d]) break;
+        idx[size_t(d)] = 0;
+      }
+    }
+  };
+  // Start-up only: a 16B-parameter shard takes minutes on one core, seconds on all of them.
+  auto run = [&](auto* out) {
+    const int64_t work = local.numel();
+    int threads = int(std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()),
+                                        std::max<int64_t>(1, work / (1 << 20))));
+    threads = int(std::min<int64_t>(threads, std::max<int64_t>(outer, 1)));
+    if (threads <= 1) return run_rows(out, 0, outer);
+    std::vector<std::thread> pool;
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        try {
+          run_rows(out, outer * t / threads, outer * (t + 1) / threads);
+        } catch (...) {
+          errors[size_t(t)] = std::current_exception();
+        }
+      });
+    for (auto& th : pool) th.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
   };
   if (local.dtype() == DType::kF32)
     run(static_cast<float*>(local.raw()));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "meshtrain/core/shape.h"
 #include "meshtrain/tensor/tensor.h"
@@ -29,12 +30,18 @@ struct InitSpec {
   std::string to_string() const;
 };
 
-// Which elements of the global tensor a local tensor holds: along `dim` (0 or 1 of the global
-// shape viewed as [d0, d1, rest]) the indices [begin, begin + local extent). Indices past the
-// global extent are padding and are set to zero.
+// Which block of the global tensor a local tensor holds: along each dim d the global indices
+// [begin[d], begin[d] + local extent) (dims past begin.size() start at 0). Indices at or past
+// limit[d] (default: the global extent) are padding and are zero — a padded FSDP shard of a
+// tensor-parallel slice ends where the slice ends, not where the tensor does.
 struct LocalPiece {
-  int dim = 0;
-  int64_t begin = 0;
+  std::vector<int64_t> begin;
+  std::vector<int64_t> limit;
+  int64_t at(int d) const { return d < int(begin.size()) ? begin[size_t(d)] : 0; }
+  int64_t limit_at(int d, int64_t global_extent) const {
+    return d < int(limit.size()) ? limit[size_t(d)] : global_extent;
+  }
+  bool is_padding(const std::vector<int64_t>& global_index, const Shape& global) const;
 };
 
 // Fills host tensor `local` (float32 or float64) with its piece of the global tensor named

@@ -16,14 +16,7 @@ std::string gib(int64_t b) { return fmt::format("{:8.3f} GiB", double(b) / doubl
 std::string plan_report(const JobConfig& cfg, int world, int rank) {
   MT_CHECK_T(ConfigError, world >= 1 && rank >= 0 && rank < world,
              "plan: --rank {} must be in [0, --world {})", rank, world);
-  ParallelDims dims;
-  dims.dp_replicate = cfg.parallelism.data_parallel_replicate_degree;
-  dims.dp_shard = cfg.parallelism.data_parallel_shard_degree;
-  dims.cp = cfg.parallelism.context_parallel_degree;
-  dims.tp = cfg.parallelism.tensor_parallel_degree;
-  dims.ep = cfg.parallelism.expert_parallel_degree;
-  dims.etp = cfg.parallelism.expert_tensor_parallel_degree;
-  dims.world = world;
+  ParallelDims dims = parallel_dims_of(cfg, world);
   MeshLayout layout(dims);
   MeshGroups groups(layout, rank);
   const std::string device = resolve_device(cfg.job.device);
@@ -61,6 +54,10 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
   if (sg->reshard.gathers_recomputed > 0)
     r += fmt::format("; reshard_after_forward re-gathers {} weights in backward ({} not held)",
                      sg->reshard.gathers_recomputed, gib(sg->reshard.bytes_released));
+  if (sg->checkpoint.regions > 0)
+    r += fmt::format("; activation checkpointing {} recomputes {} nodes in {} blocks",
+                     cfg.activation_checkpoint.mode, sg->checkpoint.nodes_recomputed,
+                     sg->checkpoint.regions);
   r += "\n";
   return r;
 }

@@ -2,9 +2,23 @@
 #include "meshtrain/train/step_graph.h"
 
 #include "meshtrain/graph/autodiff.h"
+#include "meshtrain/graph/passes/assign_streams.h"
 #include "meshtrain/ops/elementwise.h"
 
 namespace meshtrain {
+
+ParallelDims parallel_dims_of(const JobConfig& cfg, int world) {
+  const ParallelismSection& p = cfg.parallelism;
+  ParallelDims d;
+  d.dp_replicate = p.data_parallel_replicate_degree;
+  d.dp_shard = p.data_parallel_shard_degree;
+  d.cp = p.context_parallel_degree;
+  d.tp = p.tensor_parallel_degree;
+  d.ep = p.expert_parallel_degree;
+  d.etp = p.expert_tensor_parallel_degree;
+  d.world = world;
+  return d;
+}
 
 std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLayout* layout,
                                             const StepGraphOptions& o) {
@@ -41,6 +55,17 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   sg->plan->attach_gradients(bb, grads);
   eliminate_dead_nodes(g);
 
+  // Activation checkpointing first: the reshard pass then also re-gathers the weights that
+  // recomputed blocks read.
+  const auto& ac = cfg.activation_checkpoint;
+  if (ac.mode == "full") {
+    sg->checkpoint = checkpoint_regions(g, block_regions(1), full_recompute_saves);
+  } else if (ac.mode == "selective") {
+    const int every = ac.selective_layer_interval();
+    sg->checkpoint = every == 0 ? checkpoint_regions(g, block_regions(1), selective_op_saves)
+                                : checkpoint_regions(g, block_regions(every), full_recompute_saves);
+  }
+
   const auto policy = cfg.parallelism.fsdp_reshard_after_forward;
   const int n_layers = sg->model->n_layers();
   if (policy != ReshardAfterForward::kNever && layout && layout->group_size("fsdp") > 1) {
@@ -53,6 +78,8 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
       return !(scope == last || scope.rfind(last + ".", 0) == 0);
     });
   }
+  // Last: collectives onto one stream per mesh group (the CPU backend runs streams in order).
+  sg->streams = assign_streams(g);
   return sg;
 }
 

@@ -45,35 +45,34 @@ std::string gib(int64_t b) { return fmt::format("{:.3f} GiB", double(b) / double
 
 void check_supported(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
-  MT_CHECK_T(ConfigError, p.tensor_parallel_degree == 1 && p.context_parallel_degree == 1 &&
-                              p.expert_parallel_degree == 1,
-             "tensor, context and expert parallel degrees > 1 are not implemented yet (found tp={}, "
-             "cp={}, ep={}); use data_parallel_* degrees",
-             p.tensor_parallel_degree, p.context_parallel_degree, p.expert_parallel_degree);
-  MT_CHECK_T(ConfigError, cfg.activation_checkpoint.mode == "none",
-             "[activation_checkpoint] mode = \"{}\" is not implemented yet; use \"none\"",
-             cfg.activation_checkpoint.mode);
+  MT_CHECK_T(ConfigError, p.context_parallel_degree == 1 && p.expert_parallel_degree == 1,
+             "context and expert parallel degrees > 1 are not implemented yet (found cp={}, ep={})",
+             p.context_parallel_degree, p.expert_parallel_degree);
 }
 }  // namespace
 
-Trainer::Trainer(const JobConfig& cfg, Runtime& runtime) : cfg_(cfg), runtime_(runtime) {
+namespace {
+Communicator& world_of(const JobConfig& cfg, Runtime& runtime) {
+  runtime.set_comm_timeouts({.init_seconds = double(cfg.comm.init_timeout_seconds),
+                             .train_seconds = double(cfg.comm.train_timeout_seconds)});
+  return runtime.world(resolve_device(cfg.job.device) == "cuda" ? "nccl" : "mpi");
+}
+}  // namespace
+
+Trainer::Trainer(const JobConfig& cfg, Runtime& runtime)
+    : Trainer(cfg, world_of(cfg, runtime), runtime.launch()) {}
+
+Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& launch)
+    : cfg_(cfg), launch_(launch), rank_(world.rank()), world_size_(world.size()) {
   check_supported(cfg_);
   const std::string device = resolve_device(cfg_.job.device);
   compute_dtype_ = resolve_compute_dtype(cfg_.training.mixed_precision_param, device);
   master_dtype_ = parse_dtype(cfg_.training.master_dtype);
   reduce_dtype_ = parse_dtype(cfg_.training.mixed_precision_reduce);
-  backend_ = create_backend(device, runtime_.launch().local_rank);
+  backend_ = create_backend(device, launch_.local_rank);
 
   // Mesh: one communicator per named group, over the world communicator of this device's backend.
-  ParallelDims dims;
-  dims.dp_replicate = cfg_.parallelism.data_parallel_replicate_degree;
-  dims.dp_shard = cfg_.parallelism.data_parallel_shard_degree;
-  dims.cp = cfg_.parallelism.context_parallel_degree;
-  dims.tp = cfg_.parallelism.tensor_parallel_degree;
-  dims.ep = cfg_.parallelism.expert_parallel_degree;
-  dims.etp = cfg_.parallelism.expert_tensor_parallel_degree;
-  dims.world = runtime_.world_size();
-  Communicator& world = runtime_.world(device == "cuda" ? "nccl" : "mpi");
+  ParallelDims dims = parallel_dims_of(cfg_, world_size_);
   mesh_ = std::make_unique<DeviceMesh>(world, dims);
   layout_ = std::make_unique<MeshGroups>(mesh_->layout(), mesh_->rank());
   services_ = std::make_unique<Services>(*backend_, *mesh_);
@@ -116,6 +115,7 @@ Trainer::Trainer(const JobConfig& cfg, Runtime& runtime) : cfg_(cfg), runtime_(r
   exec_->prepare();
   host_scalar_ = Tensor::empty(lm.shape, lm.dtype, backend_->host_staging_allocator());
   reshard_ = sg->reshard;
+  checkpoint_ = sg->checkpoint;
 
   // The loss is normalised by the global number of target tokens of the step (packed windows:
   // every label counts), written once since it never changes.
@@ -148,15 +148,17 @@ Trainer::Trainer(const JobConfig& cfg, Runtime& runtime) : cfg_(cfg), runtime_(r
       .training_steps = cfg_.training.steps});
 
   dump_folder_ = cfg_.job.dump_folder;
-  if (runtime_.rank() == 0) {
+  if (rank_ == 0) {
     std::filesystem::create_directories(dump_folder_);
     std::ofstream(std::filesystem::path(dump_folder_) / "config.toml")
         << job_config_to_values(cfg_).to_toml();
   }
   metrics_ = std::make_unique<MetricsLogger>(
-      runtime_.rank() == 0 && cfg_.metrics.enable_jsonl
+      rank_ == 0 && cfg_.metrics.enable_jsonl
           ? (std::filesystem::path(dump_folder_) / "metrics.jsonl").string()
           : std::string());
+  if (cfg_.profiling.enable_profiling)
+    profiler_ = std::make_unique<Profiler>(*backend_, *exec_, int(accum_steps_), rank_);
   sg.reset();
   log_startup();
 }
@@ -165,8 +167,8 @@ Trainer::~Trainer() = default;
 
 void Trainer::log_startup() const {
   const MemoryPlan& mp = exec_->plan();
-  log_info("meshtrain | device {} | world {} ({} launch)", backend_->description(),
-           runtime_.world_size(), runtime_.launch().launcher);
+  log_info("meshtrain | device {} | world {} ({} launch)", backend_->description(), world_size_,
+           launch_.launcher);
   log_info("{}", mesh_->describe());
   log_info("model: {}", model_->describe());
   log_info("parameters: {} total, {} active ({} without the input embedding); {:.3g} GFLOP/token",
@@ -187,6 +189,9 @@ void Trainer::log_startup() const {
                              reshard_after_forward_name(cfg_.parallelism.fsdp_reshard_after_forward),
                              reshard_.gathers_recomputed)
                : std::string());
+  if (checkpoint_.regions > 0)
+    log_info("activation checkpointing {}: {} nodes recomputed in backward over {} blocks",
+             cfg_.activation_checkpoint.mode, checkpoint_.nodes_recomputed, checkpoint_.regions);
   log_info("optimizer: AdamW lr {:g} betas ({:g}, {:g}) eps {:g} weight_decay {:g}, max_norm {:g}; "
            "warmup {} steps, {} decay to {:g}× over {} steps",
            cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
@@ -198,8 +203,9 @@ void Trainer::log_startup() const {
 double Trainer::read_step_loss() {
   Stream& s = backend_->stream(0);
   // The step's loss is summed over micro-batches on this rank; the global mean is the sum over
-  // the data-parallel (and context-parallel) ranks, since each already divided by the global count.
-  mesh_->comm("loss").all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
+  // every rank, since each already divided by the global count: data-parallel ranks hold other
+  // sequences, tensor-parallel ranks other token shards (sequence parallel).
+  mesh_->comm("world").all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
   backend_->copy(host_scalar_.raw(), loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(),
                  CopyKind::kDeviceToHost, s);
   // Host sync: the loss is read for the log line, on logging steps only.
@@ -211,9 +217,21 @@ StepRecord Trainer::step(bool read_back) {
   ++step_;
   Stream& s = backend_->stream(0);
   backend_->fill_zero(loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(), s);
+  // Profiled steps only: the observer records events around every node of this step's runs.
+  const bool profile =
+      profiler_ && step_ % std::max<int64_t>(1, cfg_.profiling.profile_freq) == 0;
+  if (profile) {
+    profiler_->begin_step();
+    exec_->set_observer(profiler_.get());
+  }
   for (int64_t m = 0; m < accum_steps_; ++m) {
     feeder_->feed(*loader_);
     exec_->run();
+  }
+  if (profile) {
+    exec_->set_observer(nullptr);
+    profiler_->write_trace(
+        (std::filesystem::path(dump_folder_) / cfg_.profiling.save_traces_folder).string(), step_);
   }
   StepRecord r;
   r.step = step_;

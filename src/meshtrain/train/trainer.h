@@ -11,6 +11,7 @@
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/graph/executor.h"
+#include "meshtrain/graph/passes/activation_checkpoint.h"
 #include "meshtrain/graph/passes/reshard_after_forward.h"
 #include "meshtrain/model/counting.h"
 #include "meshtrain/model/model.h"
@@ -21,6 +22,7 @@
 #include "meshtrain/train/input_feeder.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/metrics.h"
+#include "meshtrain/train/profiler.h"
 
 namespace meshtrain {
 
@@ -46,7 +48,11 @@ void add_moe_load_metrics(const std::vector<MoeLayerLoad>& loads, StepMetrics& m
 
 class Trainer {
  public:
+  // Uses the runtime's world communicator of the device's backend (MPI for cpu, NCCL for cuda),
+  // created with the [comm] timeouts.
   Trainer(const JobConfig& cfg, Runtime& runtime);
+  // Runs over any world communicator (tests run a 1-rank reference beside an N-rank run).
+  Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& launch);
   ~Trainer();
 
   // Runs [training] steps steps with logging; returns every logged step.
@@ -72,7 +78,8 @@ class Trainer {
   double read_step_loss();
 
   JobConfig cfg_;
-  Runtime& runtime_;
+  LaunchInfo launch_;
+  int rank_ = 0, world_size_ = 1;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<GroupLayout> layout_;
@@ -88,8 +95,10 @@ class Trainer {
   std::unique_ptr<InputFeeder> feeder_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<MetricsLogger> metrics_;
+  std::unique_ptr<Profiler> profiler_;  // [profiling] enable_profiling
   ModelCounts counts_;
   ReshardStats reshard_;
+  CheckpointStats checkpoint_;
   DType compute_dtype_ = DType::kF32, master_dtype_ = DType::kF32, reduce_dtype_ = DType::kF32;
   ValueId tokens_ = kNoValue, labels_ = kNoValue, token_count_ = kNoValue, loss_ = kNoValue;
   ValueId loss_sum_ = kNoValue;

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "meshtrain/graph/memory_plan.h"
 #include "meshtrain/graph/op_registry.h"
 
 namespace meshtrain {
@@ -84,7 +85,10 @@ ReshardStats reshard_after_forward(Graph& graph, const std::string& group,
     auto& slot = insert_before[first_reader];
     slot.insert(slot.end(), clones.begin(), clones.end());
     ++stats.gathers_recomputed;
-    stats.bytes_released += int64_t(graph.value(graph.node(chain[0]).outputs[0]).meta.nbytes());
+    // Counted as the memory plan counts blocks (aligned), so the two can be compared.
+    const int64_t a = MemoryPlan::kAlignment;
+    const int64_t bytes = int64_t(graph.value(graph.node(chain[0]).outputs[0]).meta.nbytes());
+    stats.bytes_released += (bytes + a - 1) / a * a;
   }
 
   std::vector<NodeId> schedule;

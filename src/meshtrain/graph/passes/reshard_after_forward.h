@@ -14,7 +14,9 @@ namespace meshtrain {
 
 struct ReshardStats {
   int gathers_recomputed = 0;
-  int64_t bytes_released = 0;  // bytes of gathered weights no longer held across forward->backward
+  // Bytes (256-aligned, as the memory plan counts them) of gathered weights no longer held from
+  // forward to backward.
+  int64_t bytes_released = 0;
 };
 
 // `group` is the mesh group of the FSDP gathers (e.g. "fsdp"). Sets the graph's schedule.

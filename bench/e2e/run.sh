@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# bench/e2e/run.sh [OUT_DIR]: on one GPU, meshtrain and the PyTorch baseline (eager and
+# torch.compile) on the same shapes — DeepSeek-V3 16B and Llama-3 8B cut to 4 layers, local batch
+# 4 × seq 4096, bf16 — then the side-by-side table and meshtrain's per-op breakdown (from its
+# trace). BUILD (default build-cuda) is a CUDA build of meshtrain; STEPS (default 12) per run.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-outputs/bench_e2e}
+BUILD=${BUILD:-build-cuda}
+STEPS=${STEPS:-12}
+FLAVORS=${FLAVORS:-"deepseek_v3_16b llama3_8b"}
+mkdir -p "$OUT"
+: > "$OUT/results.jsonl"
+declare -A CONFIG=([deepseek_v3_16b]=configs/bench_deepseek_v3_16b_4l.toml
+                   [llama3_8b]=configs/bench_llama3_8b_4l.toml)
+for flavor in $FLAVORS; do
+  dump="$OUT/mt_$flavor"
+  echo "== meshtrain $flavor"
+  if "$BUILD/meshtrain" train --config "${CONFIG[$flavor]}" --job.dump_folder "$dump" \
+       --training.steps "$STEPS" --profiling.profile_freq "$STEPS" > "$OUT/mt_$flavor.log" 2>&1; then
+    python3 bench/e2e/report.py meshtrain "$flavor" "$dump" >> "$OUT/results.jsonl"
+  else
+    tail -3 "$OUT/mt_$flavor.log"
+    echo "{\"system\": \"meshtrain\", \"flavor\": \"$flavor\", \"error\": \"see mt_$flavor.log\"}" >> "$OUT/results.jsonl"
+  fi
+  echo "== pytorch $flavor"
+  python3 bench/e2e/torch_baseline.py --flavor "$flavor" --n-layers 4 --batch 4 --seq-len 4096 \
+    --steps 10 --warmup 3 >> "$OUT/results.jsonl" 2> "$OUT/torch_$flavor.err"
+done
+echo
+python3 bench/e2e/report.py table "$OUT/results.jsonl" | tee "$OUT/table.txt"
+for flavor in $FLAVORS; do
+  trace=$(ls "$OUT"/mt_"$flavor"/profile_traces/iteration_*/rank0_trace.json 2>/dev/null | tail -1)
+  [ -n "$trace" ] || continue
+  echo
+  echo "meshtrain $flavor: per-op time of one step ($trace)"
+  python3 bench/e2e/report.py breakdown "$trace" 25 | tee "$OUT/breakdown_$flavor.txt"
+done

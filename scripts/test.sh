@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds meshtrain and runs every test with ctest (CI runs exactly this).
+# Tests labelled `gpu` run only where a GPU is visible; otherwise they are excluded and counted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install_deps.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build
+exclude=()
+if ! (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'); then
+  n_gpu=$(ctest --test-dir build -N -L gpu | sed -n 's/^Total Tests: //p')
+  echo "test.sh: no GPU visible: excluding ${n_gpu:-0} test(s) labelled gpu"
+  exclude=(-LE gpu)
+fi
+ctest --test-dir build --output-on-failure -j2 "${exclude[@]}"

@@ -1,0 +1,57 @@
+// Launchers of the CUDA attention kernels (flash layout: q [B,S,Hq,Dqk], k [B,S,Hkv,Dqk],
+// v [B,S,Hkv,Dv], out [B,S,Hq,Dv], lse [B,Hq,S] natural log). They take raw device pointers,
+// extents and a stream; shape, dtype and alignment checks happen once, in ops/cuda/attention.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace meshtrain::cuda {
+
+struct AttnShape {
+  int64_t batch = 0, seq = 0, heads_q = 0, heads_kv = 0, dim_qk = 0, dim_v = 0;
+  double scale = 1.0;  // > 0
+  bool causal = true;
+};
+
+// ---- bf16 tensor-core path (mma.sync m16n8k16, fp32 accumulation) -------------------------------
+// Head-dim pairs (Dqk, Dv) with compiled kernels: (192,128), (128,128), (64,64). The launchers
+// return false (launching nothing) for any other pair. Pointers must be 16-byte aligned.
+// `variant` picks a compiled tile shape (benchmarks); 0 is the default.
+bool attention_fwd_bf16(const AttnShape& s, const void* q, const void* k, const void* v, void* out,
+                        float* lse, cudaStream_t stream, int variant = 0);
+int attention_fwd_bf16_num_variants(int64_t dim_qk, int64_t dim_v);
+// nullptr when out of range.
+const char* attention_fwd_bf16_variant_name(int64_t dim_qk, int64_t dim_v, int variant);
+// dq, dk, dv (bf16). `delta` is workspace for D = rowsum(dout * out): B*Hq*S floats. Deterministic:
+// each dq/dk/dv element is written by one CTA that sums in a fixed order (no atomics).
+// Three passes: delta, dK/dV (one CTA per key block), dQ (one CTA per query block; it recomputes
+// the scores instead of accumulating dQ across key blocks with atomics). `passes` lets benchmarks
+// time them one at a time; everything else runs kAll.
+enum class AttnBwdPasses { kAll, kDelta, kDkdv, kDq };
+bool attention_bwd_bf16(const AttnShape& s, const void* q, const void* k, const void* v,
+                        const void* out, const float* lse, const void* dout, void* dq, void* dk,
+                        void* dv, float* delta, cudaStream_t stream,
+                        AttnBwdPasses passes = AttnBwdPasses::kAll);
+
+// ---- CUDA-core path: any head dims <= 256, exact softmax, never fast ----------------------------
+// float32 / float64 (accumulating in the storage type), and bf16 storage with fp32 accumulation
+// for head dims the tensor-core kernels lack (small debug models).
+constexpr int64_t kAttentionSimpleMaxDim = 256;
+template <typename T>
+void attention_fwd_simple(const AttnShape& s, const T* q, const T* k, const T* v, T* out, T* lse,
+                          cudaStream_t stream);
+// `delta`: workspace of B*Hq*S elements of T.
+template <typename T>
+void attention_bwd_simple(const AttnShape& s, const T* q, const T* k, const T* v, const T* out,
+                          const T* lse, const T* dout, T* dq, T* dk, T* dv, T* delta,
+                          cudaStream_t stream);
+void attention_fwd_simple_bf16(const AttnShape& s, const void* q, const void* k, const void* v,
+                               void* out, float* lse, cudaStream_t stream);
+void attention_bwd_simple_bf16(const AttnShape& s, const void* q, const void* k, const void* v,
+                               const void* out, const float* lse, const void* dout, void* dq,
+                               void* dk, void* dv, float* delta, cudaStream_t stream);
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,43 @@
+// CUDA kernel for `matmul`: a factory that builds the node's cuBLASLt plan at prepare time (its
+// shapes are fixed), so each step only launches. bf16 (fp32 accumulate), exact fp32, fp64.
+#include "meshtrain/ops/matmul.h"
+
+#include <cuda_runtime_api.h>
+
+#include "meshtrain/ops/cuda/cublaslt_matmul.h"
+#include "meshtrain/ops/cuda/matmul_attention_check.h"
+
+namespace meshtrain::cuda {
+namespace {
+
+KernelFn make_matmul_kernel(const Node& node, const Graph& graph) {
+  const bool ta = node.attrs.b("transpose_a"), tb = node.attrs.b("transpose_b");
+  const TensorMeta& am = graph.value(node.inputs.at(0)).meta;
+  const TensorMeta& bm = graph.value(node.inputs.at(1)).meta;
+  const ops::MatmulDims d = ops::matmul_dims(am, bm, ta, tb);
+  MT_CHECK_T(ValueError,
+             am.dtype == DType::kBF16 || am.dtype == DType::kF32 || am.dtype == DType::kF64,
+             "matmul at '{}' on CUDA: expected dtype bfloat16, float32 or float64, found {}",
+             node.scope, dtype_name(am.dtype));
+  // The workspace the memory plan reserves for this node (one source of truth: ops/matmul.cpp).
+  std::vector<TensorMeta> ins{am, bm}, outs{graph.value(node.outputs.at(0)).meta};
+  const size_t workspace =
+      OpRegistry::instance().op("matmul").workspace(ins, outs, node.attrs, DeviceType::kCUDA);
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));  // the backend made its device current before prepare()
+  std::shared_ptr<const GemmPlan> plan =
+      gemm_plan(device, gemm_problem(am.dtype, ta, tb, d.m, d.n, d.k), workspace);
+  return [plan](KernelContext& c) {
+    plan->run(c.in[0].raw(), c.in[1].raw(), c.out[0].raw(),
+              c.workspace.defined() ? c.workspace.raw() : nullptr,
+              c.workspace.defined() ? c.workspace.nbytes() : 0,
+              static_cast<cudaStream_t>(c.stream->native_handle()));
+  };
+}
+
+MT_REGISTER_OPS {
+  OpRegistry::instance().add_kernel_factory("matmul", DeviceType::kCUDA, make_matmul_kernel);
+}
+
+}  // namespace
+}  // namespace meshtrain::cuda

@@ -1,0 +1,26 @@
+// Helpers shared by the GPU tests: the process's CUDA backend (a clear failure when there is no
+// GPU), device <-> host copies, and arena poisoning.
+#pragma once
+
+#include "meshtrain/graph/executor.h"
+#include "meshtrain/runtime/backend.h"
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::cudatest {
+
+// The CUDA backend on device 0, made on first use. Throws ConfigError (failing the test that
+// asked) when this machine has no usable GPU: these tests never skip.
+Backend& cuda_backend();
+
+// A host copy of a device tensor (synchronises the backend).
+Tensor to_host(Backend& be, const Tensor& device_tensor);
+// A device tensor holding the host values (synchronises the backend).
+Tensor to_device(Backend& be, const Tensor& host_tensor);
+
+// Fills the executor's whole activation arena with 0xFF bytes (NaN in float32/float64/bf16,
+// -1 in integers) on stream s, so an output element a kernel never writes stays visible.
+void poison_arena(const Executor& ex, Stream& s);
+// The same for one device buffer.
+void poison(void* device_ptr, size_t bytes, Stream& s);
+
+}  // namespace meshtrain::cudatest

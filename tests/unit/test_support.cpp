@@ -1,0 +1,55 @@
+// Test helpers (see test_support.h).
+#include "test_support.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <memory>
+
+namespace meshtrain::testing {
+
+Runtime& test_runtime() {
+  static int argc = 1;
+  static char name[] = "meshtrain_tests";
+  static char* argv_storage[] = {name, nullptr};
+  static char** argv = argv_storage;
+  static std::unique_ptr<Runtime> rt = std::make_unique<Runtime>(&argc, &argv);
+  return *rt;
+}
+
+JobConfig tiny_job(const std::vector<std::string>& overrides) {
+  std::vector<std::string> all = {
+      "--job.device", "cpu",           "--model.flavor",          "tiny",
+      "--training.seq_len", "32",      "--training.local_batch_size", "2",
+      "--training.steps", "4",         "--training.seed",         "7",
+      "--optimizer.lr", "3e-3",        "--lr_scheduler.warmup_steps", "2",
+      "--metrics.log_freq", "1",       "--metrics.enable_jsonl",  "false",
+      "--job.dump_folder", "/tmp/meshtrain_test_outputs"};
+  all.insert(all.end(), overrides.begin(), overrides.end());
+  return parse_job_config("", all);
+}
+
+::testing::AssertionResult contains(const char* text_expr, const char* part_expr,
+                                    const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << text_expr << " does not contain " << part_expr
+                                       << "\n  text:   " << text << "\n  wanted: " << part;
+}
+
+void TempDirTest::SetUp() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  dir_ = std::filesystem::temp_directory_path() /
+         fmt::format("mt_{}_{}_{}", info->test_suite_name(), info->name(), getpid());
+  std::filesystem::create_directories(dir_);
+}
+
+void TempDirTest::TearDown() { std::filesystem::remove_all(dir_); }
+
+std::string TempDirTest::write(const std::string& name, const std::string& bytes) {
+  std::filesystem::path p = dir_ / name;
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << bytes;
+  return p.string();
+}
+
+}  // namespace meshtrain::testing

@@ -1,0 +1,49 @@
+// Shared helpers for tests that run the trainer in-process: one MPI runtime per test process
+// and small job configs.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/bootstrap.h"
+#include "meshtrain/train/job_config.h"
+
+namespace meshtrain::testing {
+
+// The process's Runtime (MPI singleton mode when not under mpirun), created on first use.
+Runtime& test_runtime();
+
+// A tiny llama3 job on the fortunes corpus: cpu, float32, seq 32, batch 2, no file output
+// unless `dump_folder` is given. Extra overrides use the command-line syntax.
+JobConfig tiny_job(const std::vector<std::string>& overrides = {});
+
+// EXPECT_CONTAINS(text, part): the failure shows both strings.
+::testing::AssertionResult contains(const char* text_expr, const char* part_expr,
+                                    const std::string& text, const std::string& part);
+#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(::meshtrain::testing::contains, text, part)
+
+// The message of the error of type E that `f` throws (fails the test when it throws nothing).
+template <typename E, typename F> std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.message();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+// A fixture with a fresh temporary folder per test, removed when the test ends.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+  // Writes `bytes` to dir/name (creating sub-folders) and returns the path.
+  std::string write(const std::string& name, const std::string& bytes);
+  std::filesystem::path dir_;
+};
+
+}  // namespace meshtrain::testing
