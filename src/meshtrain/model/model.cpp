@@ -1,6 +1,7 @@
 // Model factory and the vocabulary rule shared by model families.
 #include "meshtrain/model/model.h"
 
+#include "meshtrain/model/deepseek_v3.h"
 #include "meshtrain/model/llama3.h"
 
 namespace meshtrain {
@@ -18,6 +19,7 @@ int64_t resolve_vocab(const ModelOptions& o, int64_t flavor_vocab) {
 
 std::unique_ptr<Model> create_model(const ModelOptions& o) {
   if (o.name == "llama3") return create_llama3(o);
+  if (o.name == "deepseek_v3") return create_deepseek_v3(o);
   MT_THROW(ConfigError, "[model] name '{}' is unknown: expected llama3 or deepseek_v3", o.name);
 }
 

@@ -26,6 +26,7 @@ struct ModelOptions {
   int64_t vocab_override = 0;   // [model] vocab_size (0 = flavor's or tokenizer's)
   int n_layers_override = 0;    // [model] n_layers (0 = flavor's)
   int64_t seq_len = 0;          // [training] seq_len (rope tables, YaRN condition)
+  double load_balance_coeff = 1e-3;  // [model] load_balance_coeff (MoE models; 0 = off)
 };
 
 class Model {

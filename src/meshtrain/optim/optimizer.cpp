@@ -5,11 +5,12 @@
 
 #include "meshtrain/comm/collective_ops.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/load_balance.h"
 
 namespace meshtrain {
 
 Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend& backend,
-                     ExecServices* services)
+                     ExecServices* services, const LoadBalanceOptions& lb)
     : store_(store), backend_(backend) {
   Builder b(graph_, NodePhase::kOptimizer);
   lr_slot_ = graph_.add_scalar("lr");
@@ -45,6 +46,23 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
   if (total == kNoValue) total = ops::fill(b, Shape{1}, DType::kF64, 0.0);
   norm_sq_ = total;
   graph_.mark_output(norm_sq_);
+  // Load balancing runs where torchtitan's optimizer pre-hook does, before the update (the two
+  // are independent). The counts summed over `count_group` make the update the global one.
+  std::vector<std::pair<ValueId, Tensor>> lb_bound;
+  for (const LoadBalanceLayer& l : lb.layers) {
+    auto s = b.scope(l.layer + ".load_balance");
+    auto state = [&](const std::string& name) {
+      Tensor t = store.master(name);
+      ValueId v = b.persistent(name, {t.shape(), t.dtype()}, ValueRole::kState);
+      lb_bound.emplace_back(v, t);
+      return v;
+    };
+    ValueId bias = state(l.expert_bias), counter = state(l.tokens_per_expert),
+            load = state(l.last_load);
+    ValueId counts =
+        lb.count_group.empty() ? kNoValue : ops::all_reduce(b, counter, lb.count_group);
+    ops::expert_bias_update(b, bias, counter, load, l.coeff, counts);
+  }
   for (size_t i = 0; i < bound.size(); ++i) {
     auto s = b.scope("adamw");
     ops::adamw_update(b, bound[i].master, bound[i].grad, bound[i].m, bound[i].v, total, lr_slot_,
@@ -59,6 +77,7 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
     exec_->bind(bound[i].m, g.exp_avg);
     exec_->bind(bound[i].v, g.exp_avg_sq);
   }
+  for (auto& [v, t] : lb_bound) exec_->bind(v, t);
   exec_->prepare();
   host_norm_ = Tensor::empty(Shape{1}, DType::kF64, backend.host_staging_allocator());
 }

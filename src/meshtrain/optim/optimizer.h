@@ -1,6 +1,7 @@
 // The optimizer step as a small static graph run by the same executor as the training step:
 // per norm group Σg² (all-reduced over the group whose ranks hold disjoint shards, so every
-// element counts once), the global norm, then one fused clip+AdamW pass per flat group.
+// element counts once), the global norm, then one fused clip+AdamW pass per flat group. MoE
+// layers' expert_bias updates (auxiliary-loss-free load balancing) run in the same graph.
 #pragma once
 
 #include <memory>
@@ -11,10 +12,17 @@
 
 namespace meshtrain {
 
+struct LoadBalanceOptions {
+  std::vector<LoadBalanceLayer> layers;  // from ParallelPlan::load_balance_layers()
+  // Mesh group whose ranks routed different tokens: their counts are summed before the update
+  // so every rank moves its bias identically ("" = one rank's counts are the global counts).
+  std::string count_group;
+};
+
 class Optimizer {
  public:
   Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend& backend,
-            ExecServices* services);
+            ExecServices* services, const LoadBalanceOptions& load_balance = {});
   // Enqueues optimizer step `step` (1-based) with learning rate `lr`; gradients are zero after.
   void step(int64_t step, double lr);
   // Global gradient norm (before clipping) of the last step; reads it back (a host sync).

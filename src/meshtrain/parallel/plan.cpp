@@ -91,7 +91,7 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
   // per-rank gradients are summed in backward.
   if (replicas > 1) x = ops::replicate_grad(b, x, "dp_replicate");
   if (tp_replicated) x = ops::replicate_grad(b, x, "tp");
-  x = ops::cast(b, x, config_.compute_dtype);
+  x = ops::cast(b, x, options.compute_dtype.value_or(config_.compute_dtype));
   x = redistribute(b, x, n > 1 ? Placement::shard(0) : Placement::replicate(),
                    Placement::replicate(), "fsdp", n);
   // Gradients flowing back into the master are reduced in reduce_dtype.
@@ -125,6 +125,19 @@ ValueId ParallelPlan::buffer(Builder& b, const std::string& name, const Shape& s
   p.dtype = dtype;
   p.master = b.persistent(name, {shape, dtype}, ValueRole::kState);
   return p.master;
+}
+
+void ParallelPlan::add_load_balance_layer(LoadBalanceLayer l) {
+  const ParamInfo& bias = info(l.expert_bias);
+  for (const std::string* n : {&l.expert_bias, &l.tokens_per_expert, &l.last_load}) {
+    const ParamInfo& p = info(*n);
+    MT_CHECK(!p.trainable && p.global_shape == Shape{l.num_experts} && p.dtype == bias.dtype,
+             "load balancing of {}: {} must be a {} [{}] buffer, found {} {}{}", l.layer, *n,
+             bias.dtype, l.num_experts, p.dtype, p.global_shape,
+             p.trainable ? " (a trainable parameter)" : "");
+  }
+  MT_CHECK(l.coeff >= 0, "load balancing of {}: coeff must be >= 0, found {}", l.layer, l.coeff);
+  load_balance_.push_back(std::move(l));
 }
 
 std::vector<ValueId> ParallelPlan::trainable_masters() const {

@@ -5,6 +5,7 @@
 // gradient). Gradients are accumulated into persistent per-parameter buffers.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -29,6 +30,20 @@ struct ParamOptions {
   ParamKind kind = ParamKind::kDense;
   bool trainable = true;
   TpStyle tp = TpStyle::kReplicate;
+  // What the model computes with for this parameter; unset = PlanConfig::compute_dtype. The MoE
+  // router gate stays float32 in bfloat16 runs this way (torchtitan routes in float32).
+  std::optional<DType> compute_dtype;
+};
+
+// One MoE layer's auxiliary-loss-free load balancing, recorded by the model: the buffers (declared
+// with buffer(), all [num_experts] of one float dtype) that the optimizer step reads and updates.
+struct LoadBalanceLayer {
+  std::string layer;              // module path, e.g. "layers.1.moe"
+  std::string expert_bias;        // "layers.1.moe.expert_bias": read by the router
+  std::string tokens_per_expert;  // counter the forward accumulates into, reset by the update
+  std::string last_load;          // the counts of the last step, for metrics
+  int64_t num_experts = 0;
+  double coeff = 0;  // load_balance_coeff; 0 = the bias never moves
 };
 
 struct ParamInfo {
@@ -70,6 +85,10 @@ class ParallelPlan {
   ValueId buffer(Builder& b, const std::string& name, const Shape& shape, DType dtype,
                  const InitSpec& init);
 
+  // Records a MoE layer's load-balancing buffers (checked to be declared buffers of one shape).
+  void add_load_balance_layer(LoadBalanceLayer layer);
+  const std::vector<LoadBalanceLayer>& load_balance_layers() const { return load_balance_; }
+
   // After autodiff: appends `accumulate(grad_buffer, grad)` sinks for every trainable param.
   void attach_gradients(Builder& b, const GradientMap& grads);
   std::vector<ValueId> trainable_masters() const;
@@ -101,6 +120,7 @@ class ParallelPlan {
   const GroupLayout* layout_;
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, size_t> index_;
+  std::vector<LoadBalanceLayer> load_balance_;
 };
 
 }  // namespace meshtrain

@@ -130,6 +130,10 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("model", "vocab_size", &J::model, &ModelSection::vocab_size,
                     "Vocabulary size; 0 = the tokenizer's")
                   .at_least(0));
+  t.push_back(field("model", "load_balance_coeff", &J::model, &ModelSection::load_balance_coeff,
+                    "MoE models: expert_bias step of auxiliary-loss-free load balancing after each "
+                    "optimizer step (bias += coeff * sign(mean load - load)); 0 = off")
+                  .at_least(0));
   // [optimizer]
   t.push_back(field("optimizer", "name", &J::optimizer, &OptimizerSection::name, "Optimizer to use",
                     {"AdamW"}));

@@ -27,6 +27,9 @@ struct ModelSection {
   std::string flavor = "debugmodel";
   int64_t n_layers = 0;    // 0 = the flavor's layer count
   int64_t vocab_size = 0;  // 0 = the tokenizer's vocabulary size
+  // MoE models: auxiliary-loss-free load balancing step (torchtitan's MoEArgs.load_balance_coeff,
+  // a model arg there; a [model] key here so runs can turn it off). 0 = off.
+  double load_balance_coeff = 1e-3;
 };
 
 struct OptimizerSection {

@@ -30,6 +30,7 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   mo.vocab_override = cfg.model.vocab_size;
   mo.n_layers_override = int(cfg.model.n_layers);
   mo.seq_len = cfg.training.seq_len;
+  mo.load_balance_coeff = cfg.model.load_balance_coeff;
   sg->model = create_model(mo);
   sg->plan = std::make_unique<ParallelPlan>(
       PlanConfig{.master_dtype = o.master_dtype, .compute_dtype = o.compute_dtype,

@@ -1,6 +1,7 @@
 // Trainer: construction (the start-up sequence) and the step loop.
 #include "meshtrain/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -128,7 +129,16 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
                       .eps = cfg_.optimizer.eps,
                       .weight_decay = cfg_.optimizer.weight_decay,
                       .max_norm = cfg_.training.max_norm};
-  optimizer_ = std::make_unique<Optimizer>(*store_, ap, *backend_, services_.get());
+  // Tokens differ across the data-parallel and context-parallel ranks (the "loss" group): the
+  // expert counts are summed over it before the bias update, as torchtitan does.
+  LoadBalanceOptions lb{.layers = plan_->load_balance_layers(),
+                        .count_group = mesh_->size("loss") > 1 ? "loss" : ""};
+  optimizer_ = std::make_unique<Optimizer>(*store_, ap, *backend_, services_.get(), lb);
+  int64_t load_elems = 0;
+  for (const LoadBalanceLayer& l : lb.layers) load_elems += l.num_experts;
+  if (load_elems > 0)
+    host_load_ = Tensor::empty(Shape{load_elems}, plan_->info(lb.layers[0].last_load).dtype,
+                               backend_->host_staging_allocator());
   schedule_ = std::make_unique<LrSchedule>(LrScheduleConfig{
       .lr = cfg_.optimizer.lr,
       .warmup_steps = cfg_.lr_scheduler.warmup_steps,
@@ -234,6 +244,69 @@ StepRecord Trainer::step(bool read_back) {
   return r;
 }
 
+MoeLayerLoad summarize_moe_load(const std::string& layer, std::vector<double> tokens) {
+  MoeLayerLoad l;
+  l.layer = layer;
+  l.tokens = std::move(tokens);
+  if (l.tokens.empty()) return l;
+  l.min = *std::min_element(l.tokens.begin(), l.tokens.end());
+  l.max = *std::max_element(l.tokens.begin(), l.tokens.end());
+  for (double t : l.tokens) l.mean += t;
+  l.mean /= double(l.tokens.size());
+  l.imbalance = l.mean > 0 ? l.max / l.mean : 0.0;
+  return l;
+}
+
+void add_moe_load_metrics(const std::vector<MoeLayerLoad>& loads, StepMetrics& m) {
+  if (loads.empty()) return;
+  double sum = 0;
+  const MoeLayerLoad* worst = &loads[0];
+  // "layers.3.moe" -> "layers.3": keys read moe.layers.3.load_max.
+  auto block = [](const std::string& layer) {
+    const size_t at = layer.rfind(".moe");
+    return at == std::string::npos ? layer : layer.substr(0, at);
+  };
+  for (const MoeLayerLoad& l : loads) {
+    const std::string key = "moe." + block(l.layer);
+    m.extra[key + ".load_min"] = l.min;
+    m.extra[key + ".load_max"] = l.max;
+    m.extra[key + ".load_mean"] = l.mean;
+    m.extra[key + ".imbalance"] = l.imbalance;
+    sum += l.imbalance;
+    if (l.imbalance > worst->imbalance) worst = &l;
+  }
+  const double avg = sum / double(loads.size());
+  m.extra["moe.imbalance_avg"] = avg;
+  m.extra["moe.imbalance_max"] = worst->imbalance;
+  m.summary_suffix = fmt::format("moe load max/mean: avg {:.2f}, worst {:.2f} ({})", avg,
+                                 worst->imbalance, block(worst->layer));
+}
+
+std::vector<MoeLayerLoad> Trainer::moe_load() {
+  std::vector<MoeLayerLoad> out;
+  const auto& layers = plan_->load_balance_layers();
+  if (layers.empty()) return out;
+  Stream& s = backend_->stream(0);
+  size_t offset = 0;
+  for (const LoadBalanceLayer& l : layers) {
+    Tensor t = store_->master(l.last_load);
+    backend_->copy(static_cast<char*>(host_load_.raw()) + offset, t.raw(), t.nbytes(),
+                   CopyKind::kDeviceToHost, s);
+    offset += t.nbytes();
+  }
+  // Host sync: the per-expert counts are read for the log line and metrics (logging steps).
+  s.synchronize();
+  int64_t at = 0;
+  for (const LoadBalanceLayer& l : layers) {
+    std::vector<double> tokens(static_cast<size_t>(l.num_experts));
+    for (int64_t e = 0; e < l.num_experts; ++e)
+      tokens[size_t(e)] = host_load_.item_as_double(at + e);
+    at += l.num_experts;
+    out.push_back(summarize_moe_load(l.layer, std::move(tokens)));
+  }
+  return out;
+}
+
 std::vector<StepRecord> Trainer::train() {
   std::vector<StepRecord> logged;
   const int64_t log_freq = std::max<int64_t>(1, cfg_.metrics.log_freq);
@@ -261,6 +334,7 @@ std::vector<StepRecord> Trainer::train() {
     m.memory_gib = double(backend_->allocator().peak_bytes()) / double(1ull << 30);
     m.memory_pct = 100.0 * double(backend_->allocator().peak_bytes()) /
                    double(std::max<int64_t>(backend_->memory_capacity(), 1));
+    add_moe_load_metrics(moe_load(), m);
     metrics_->log(m);
     logged.push_back(r);
     t_last = std::chrono::steady_clock::now();

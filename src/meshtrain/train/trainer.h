@@ -33,6 +33,19 @@ struct StepRecord {
   double lr = 0;
 };
 
+// One MoE layer's expert load over the last optimizer step (global over data-parallel ranks).
+struct MoeLayerLoad {
+  std::string layer;           // "layers.1.moe"
+  std::vector<double> tokens;  // routed tokens per expert
+  double min = 0, max = 0, mean = 0;
+  double imbalance = 0;  // max / mean (1 = perfectly balanced)
+};
+MoeLayerLoad summarize_moe_load(const std::string& layer, std::vector<double> tokens);
+// Adds moe.layers.<i>.load_{min,max,mean}, moe.layers.<i>.imbalance, moe.imbalance_avg and
+// moe.imbalance_max to m.extra, and "moe load max/mean: avg A, worst W (layers.<i>)" to
+// m.summary_suffix. Nothing for dense models.
+void add_moe_load_metrics(const std::vector<MoeLayerLoad>& loads, StepMetrics& m);
+
 class Trainer {
  public:
   // Uses the runtime's world communicator of the device's backend (MPI for cpu, NCCL for cuda),
@@ -52,6 +65,9 @@ class Trainer {
   const Executor& executor() const { return *exec_; }
   const Graph& graph() const { return graph_; }
   const ModelCounts& counts() const { return counts_; }
+  // Expert load of every MoE layer in the last step (empty for dense models). Copies the small
+  // per-layer counts to the host: a host sync, for logging steps and tests.
+  std::vector<MoeLayerLoad> moe_load();
   int64_t steps_done() const { return step_; }
   int64_t tokens_per_step() const { return tokens_per_step_; }
 
@@ -87,6 +103,7 @@ class Trainer {
   ValueId tokens_ = kNoValue, labels_ = kNoValue, token_count_ = kNoValue, loss_ = kNoValue;
   ValueId loss_sum_ = kNoValue;
   Tensor loss_sum_buffer_, host_scalar_;
+  Tensor host_load_;  // staging for moe_load(): every MoE layer's counts, back to back
   int64_t accum_steps_ = 1, tokens_per_step_ = 0, step_ = 0;
   std::string dump_folder_;
 };

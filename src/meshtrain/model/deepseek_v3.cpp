@@ -1,0 +1,323 @@
+// deepseek_v3 graph builder: flavors, parameter declarations and the model loop. Names and
+// initialisation follow torchtitan's deepseek_v3 (v0.2): trunc_normal(0.02) projections, wo / w2
+// / w3 / router gate at the depth-scaled 0.02/sqrt(2(l+1)), normal(1) embeddings, 3σ-truncated
+// output projection; expert_bias and the token counters are float state buffers.
+#include "meshtrain/model/deepseek_v3.h"
+
+#include <cfloat>
+#include <cmath>
+
+#include "meshtrain/ops/cross_entropy.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/embedding.h"
+#include "meshtrain/ops/load_balance.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/rmsnorm.h"
+#include "meshtrain/ops/swiglu.h"
+
+namespace meshtrain {
+
+std::vector<std::string> deepseek_v3_flavors() { return {"debugmodel", "16B", "236B", "671B"}; }
+
+DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor) {
+  DeepSeekV3Args a;
+  DeepSeekV3MoEArgs& m = a.moe;
+  m.route_norm = false;
+  m.score_before_experts = false;
+  if (flavor == "debugmodel") {
+    a.vocab_size = 0;  // torchtitan's test tokenizer has 2048; meshtrain takes the tokenizer's
+    a.dim = 256;
+    a.inter_dim = 1024;
+    a.moe_inter_dim = 256;
+    a.n_layers = 6;
+    a.n_dense_layers = 1;
+    a.n_heads = 16;
+    m.num_experts = 8;
+    m.num_shared_experts = 2;
+    m.top_k = 3;
+    m.score_func = "softmax";
+    a.q_lora_rank = 0;
+    a.mscale = 0.70;
+  } else if (flavor == "16B") {
+    a.vocab_size = 102400;
+    a.dim = 2048;
+    a.inter_dim = 10944;
+    a.moe_inter_dim = 1408;
+    a.n_layers = 27;
+    a.n_dense_layers = 1;
+    a.n_heads = 16;
+    m.num_experts = 64;
+    m.num_shared_experts = 2;
+    m.top_k = 6;
+    m.score_func = "softmax";
+    a.q_lora_rank = 0;
+    a.mscale = 0.70;
+  } else if (flavor == "236B") {
+    a.vocab_size = 102400;
+    a.dim = 5120;
+    a.inter_dim = 12288;
+    a.moe_inter_dim = 1536;
+    a.n_layers = 60;
+    a.n_dense_layers = 1;
+    a.n_heads = 128;
+    m.num_experts = 160;
+    m.num_shared_experts = 2;
+    m.top_k = 6;
+    m.num_expert_groups = 8;
+    m.num_limited_groups = 3;
+    m.score_func = "softmax";
+    m.route_scale = 16.0;
+    a.q_lora_rank = 1536;
+  } else if (flavor == "671B") {
+    a.vocab_size = 129280;
+    a.dim = 7168;
+    a.inter_dim = 18432;
+    a.moe_inter_dim = 2048;
+    a.n_layers = 61;
+    a.n_dense_layers = 3;
+    a.n_heads = 128;
+    m.num_experts = 256;
+    m.num_shared_experts = 1;
+    m.top_k = 8;
+    m.num_expert_groups = 8;
+    m.num_limited_groups = 4;
+    m.score_func = "sigmoid";
+    m.route_norm = true;
+    m.route_scale = 2.5;
+    a.q_lora_rank = 1536;
+  } else {
+    MT_THROW(ConfigError, "[model] flavor '{}' is not a deepseek_v3 flavor: expected one of {}",
+             flavor, fmt::join(deepseek_v3_flavors(), ", "));
+  }
+  a.kv_lora_rank = 512;
+  a.qk_nope_head_dim = 128;
+  a.qk_rope_head_dim = 64;
+  a.v_head_dim = 128;
+  return a;
+}
+
+void DeepSeekV3Args::validate(const std::string& flavor) const {
+  auto positive = [&](int64_t v, const char* name) {
+    MT_CHECK_T(ConfigError, v > 0, "deepseek_v3 {}: {} must be positive, found {}", flavor, name,
+               v);
+  };
+  positive(dim, "dim");
+  positive(n_layers, "n_layers");
+  positive(n_heads, "n_heads");
+  positive(kv_lora_rank, "kv_lora_rank");
+  positive(qk_nope_head_dim, "qk_nope_head_dim");
+  positive(qk_rope_head_dim, "qk_rope_head_dim");
+  positive(v_head_dim, "v_head_dim");
+  positive(inter_dim, "inter_dim");
+  positive(moe_inter_dim, "moe_inter_dim");
+  positive(moe.token_group_alignment, "token_group_alignment");
+  MT_CHECK_T(ConfigError, q_lora_rank >= 0, "deepseek_v3 {}: q_lora_rank must be >= 0, found {}",
+             flavor, q_lora_rank);
+  MT_CHECK_T(ConfigError, n_dense_layers >= 0,
+             "deepseek_v3 {}: n_dense_layers must be >= 0, found {}", flavor, n_dense_layers);
+  MT_CHECK_T(ConfigError, moe.num_shared_experts >= 0,
+             "deepseek_v3 {}: num_shared_experts must be >= 0, found {}", flavor,
+             moe.num_shared_experts);
+  MT_CHECK_T(ConfigError, moe.load_balance_coeff >= 0,
+             "deepseek_v3 {}: load_balance_coeff must be >= 0 (0 turns balancing off), found {}",
+             flavor, moe.load_balance_coeff);
+  ops::validate_router_config(moe.router_config(), moe.num_experts);
+  ops::validate_rope_config(rope_config(), qk_rope_head_dim);
+}
+
+namespace {
+
+// torchtitan's final norm is nn.RMSNorm(dim) without eps: torch then uses the machine epsilon
+// of the input's dtype.
+double torch_default_eps(DType d) {
+  switch (d) {
+    case DType::kF64: return DBL_EPSILON;
+    case DType::kBF16: return 0.0078125;  // 2^-7
+    default: return FLT_EPSILON;
+  }
+}
+
+class DeepSeekV3 final : public Model {
+ public:
+  DeepSeekV3(DeepSeekV3Args args, std::string flavor)
+      : a_(std::move(args)), flavor_(std::move(flavor)) {}
+  std::string name() const override { return "deepseek_v3"; }
+  std::string flavor() const override { return flavor_; }
+  int64_t vocab_size() const override { return a_.vocab_size; }
+  int n_layers() const override { return a_.n_layers; }
+  std::string describe() const override;
+  double active_fraction(const ParamInfo& p) const override {
+    return p.kind == ParamKind::kExpert ? double(a_.moe.top_k) / double(a_.moe.num_experts) : 1.0;
+  }
+  // torchtitan's get_moe_model_nparams_and_flops: head_dims = qk_nope + qk_rope + v.
+  double attention_flops_per_token(int64_t seq_len) const override {
+    return 6.0 * a_.n_layers * a_.n_heads * double(a_.qk_head_dim() + a_.v_head_dim) *
+           double(seq_len);
+  }
+  ValueId build(Builder& b, ParallelPlan& plan, const ModelInputs& in) override;
+
+ private:
+  ValueId weight(Builder& b, ParallelPlan& plan, const std::string& local, const Shape& shape,
+                 const InitSpec& init, ParamOptions options = {}) {
+    return plan.param(b, b.current_scope() + "." + local, shape, init, options);
+  }
+  ValueId attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table, double init_std,
+                    int64_t seq_len);
+  ValueId feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
+  ValueId moe(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
+
+  DeepSeekV3Args a_;
+  std::string flavor_;
+};
+
+std::string DeepSeekV3::describe() const {
+  const DeepSeekV3MoEArgs& m = a_.moe;
+  std::string groups =
+      m.num_expert_groups > 0
+          ? fmt::format(", {} of {} groups", m.num_limited_groups, m.num_expert_groups)
+          : std::string();
+  return fmt::format(
+      "deepseek_v3 {}: dim {}, {} layers ({} dense, ffn {}), {} heads, MLA (q_lora {}, kv_lora {}, "
+      "qk {}+{}, v {}), MoE {} experts top-{} {}{}{}{} + {} shared, hidden {}, load_balance_coeff "
+      "{:g}, vocab {}, rope theta {:g} (YaRN factor {:g} beyond {})",
+      flavor_, a_.dim, a_.n_layers, std::min(a_.n_dense_layers, a_.n_layers), a_.inter_dim,
+      a_.n_heads, a_.q_lora_rank, a_.kv_lora_rank, a_.qk_nope_head_dim, a_.qk_rope_head_dim,
+      a_.v_head_dim, m.num_experts, m.top_k, m.score_func, m.route_norm ? " normed" : "",
+      m.route_scale != 1.0 ? fmt::format(" ×{:g}", m.route_scale) : std::string(), groups,
+      m.num_shared_experts, a_.moe_inter_dim, m.load_balance_coeff, a_.vocab_size, a_.rope_theta,
+      a_.rope_factor, a_.original_seq_len);
+}
+
+ValueId DeepSeekV3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table,
+                              double init_std, int64_t seq_len) {
+  auto s = b.scope("attention");
+  const InitSpec w02 = InitSpec::trunc_normal(0.02);
+  const int64_t H = a_.n_heads, D = a_.dim;
+  MlaWeights w;
+  if (a_.q_lora_rank == 0) {
+    w.wq = weight(b, plan, "wq.weight", {H * a_.qk_head_dim(), D}, w02);
+  } else {
+    w.wq_a = weight(b, plan, "wq_a.weight", {a_.q_lora_rank, D}, w02);
+    w.q_norm = weight(b, plan, "q_norm.weight", {a_.q_lora_rank}, InitSpec::ones());
+    w.wq_b = weight(b, plan, "wq_b.weight", {H * a_.qk_head_dim(), a_.q_lora_rank}, w02);
+  }
+  w.wkv_a = weight(b, plan, "wkv_a.weight", {a_.kv_lora_rank + a_.qk_rope_head_dim, D}, w02);
+  w.kv_norm = weight(b, plan, "kv_norm.weight", {a_.kv_lora_rank}, InitSpec::ones());
+  w.wkv_b = weight(b, plan, "wkv_b.weight",
+                   {H * (a_.qk_nope_head_dim + a_.v_head_dim), a_.kv_lora_rank}, w02);
+  w.wo = weight(b, plan, "wo.weight", {D, H * a_.v_head_dim}, InitSpec::trunc_normal(init_std));
+  return mla_forward(b, a_, w, x, table, seq_len);
+}
+
+ValueId DeepSeekV3::feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std) {
+  auto s = b.scope("feed_forward");
+  ValueId w1 = weight(b, plan, "w1.weight", {a_.inter_dim, a_.dim}, InitSpec::trunc_normal(0.02));
+  ValueId w2 =
+      weight(b, plan, "w2.weight", {a_.dim, a_.inter_dim}, InitSpec::trunc_normal(init_std));
+  ValueId w3 =
+      weight(b, plan, "w3.weight", {a_.inter_dim, a_.dim}, InitSpec::trunc_normal(init_std));
+  return ops::linear(b, ops::swiglu(b, ops::linear(b, x, w1), ops::linear(b, x, w3)), w2);
+}
+
+ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_std) {
+  auto s = b.scope("moe");
+  const std::string scope = b.current_scope();
+  const DeepSeekV3MoEArgs& m = a_.moe;
+  const int64_t E = m.num_experts, D = a_.dim, Hd = a_.moe_inter_dim;
+  const DType rdt = router_dtype(plan.config().compute_dtype);
+  const Shape bsd = b.shape(x);
+  x = ops::reshape(b, x, Shape{bsd[0] * bsd[1], D});
+  MoeWeights w;
+  const ParamOptions expert{.kind = ParamKind::kExpert};
+  w.w1 = weight(b, plan, "experts.w1", {E, Hd, D}, InitSpec::trunc_normal(0.02), expert);
+  w.w2 = weight(b, plan, "experts.w2", {E, D, Hd}, InitSpec::trunc_normal(init_std), expert);
+  w.w3 = weight(b, plan, "experts.w3", {E, Hd, D}, InitSpec::trunc_normal(init_std), expert);
+  w.gate = weight(b, plan, "router.gate.weight", {E, D}, InitSpec::trunc_normal(init_std),
+                  {.compute_dtype = rdt});
+  if (m.num_shared_experts > 0) {
+    const int64_t hs = Hd * m.num_shared_experts;
+    w.shared_w1 =
+        weight(b, plan, "shared_experts.w1.weight", {hs, D}, InitSpec::trunc_normal(0.02));
+    w.shared_w2 =
+        weight(b, plan, "shared_experts.w2.weight", {D, hs}, InitSpec::trunc_normal(init_std));
+    w.shared_w3 =
+        weight(b, plan, "shared_experts.w3.weight", {hs, D}, InitSpec::trunc_normal(init_std));
+  }
+  // Load balancing state: the bias the router adds, the forward's counter (summed over the
+  // micro-batches of a step) and the last step's counts for the metrics.
+  LoadBalanceLayer lb{.layer = scope,
+                      .expert_bias = scope + ".expert_bias",
+                      .tokens_per_expert = scope + ".tokens_per_expert",
+                      .last_load = scope + ".tokens_per_expert_last_step",
+                      .num_experts = E,
+                      .coeff = m.load_balance_coeff};
+  w.expert_bias = plan.buffer(b, lb.expert_bias, {E}, rdt, InitSpec::zeros());
+  ValueId counter = plan.buffer(b, lb.tokens_per_expert, {E}, rdt, InitSpec::zeros());
+  plan.buffer(b, lb.last_load, {E}, rdt, InitSpec::zeros());
+  plan.add_load_balance_layer(lb);
+
+  MoeOutputs o = moe_forward(b, a_, w, x);
+  ops::accumulate(b, counter, ops::moe_token_counts(b, o.ids, E, rdt));
+  return ops::reshape(b, o.out, bsd);
+}
+
+ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
+  // The MLA and MoE blocks do not shard heads, experts or tokens over tp yet; replicated weights
+  // would have their gradients summed over tp ranks that computed the same thing.
+  MT_CHECK_T(ConfigError, plan.tp_degree() == 1,
+             "deepseek_v3 does not support [parallelism] tensor_parallel_degree > 1 yet (found "
+             "{}); use data_parallel_shard_degree / data_parallel_replicate_degree",
+             plan.tp_degree());
+  const DType cdt = plan.config().compute_dtype;
+  ValueId emb =
+      plan.param(b, "tok_embeddings.weight", {a_.vocab_size, a_.dim}, InitSpec::normal(1.0));
+  ValueId h;
+  {
+    auto s = b.scope("tok_embeddings");
+    h = ops::embedding(b, in.tokens, emb);
+  }
+  // The rotation table (float32, float64 for float64 runs) covers the rope part of q and k.
+  ValueId table = ops::rope_table(b, in.seq_len, a_.qk_rope_head_dim, a_.rope_config(),
+                                  cdt == DType::kF64 ? DType::kF64 : DType::kF32);
+  for (int l = 0; l < a_.n_layers; ++l) {
+    auto s = b.scope(fmt::format("layers.{}", l));
+    const double init_std = 0.02 / std::sqrt(2.0 * (l + 1));
+    ValueId an =
+        plan.param(b, b.current_scope() + ".attention_norm.weight", {a_.dim}, InitSpec::ones());
+    h = ops::add(
+        b, h, attention(b, plan, ops::rmsnorm(b, h, an, a_.norm_eps), table, init_std, in.seq_len));
+    ValueId fn = plan.param(b, b.current_scope() + ".ffn_norm.weight", {a_.dim}, InitSpec::ones());
+    ValueId x = ops::rmsnorm(b, h, fn, a_.norm_eps);
+    h = ops::add(
+        b, h, a_.is_moe_layer(l) ? moe(b, plan, x, init_std) : feed_forward(b, plan, x, init_std));
+  }
+  ValueId nw = plan.param(b, "norm.weight", {a_.dim}, InitSpec::ones());
+  h = ops::rmsnorm(b, h, nw, torch_default_eps(cdt));
+  const double out_std = 1.0 / std::sqrt(double(a_.dim));
+  ValueId wout = plan.param(b, "output.weight", {a_.vocab_size, a_.dim},
+                            InitSpec::trunc_normal(out_std, -3 * out_std, 3 * out_std));
+  auto s = b.scope("output");
+  ValueId logits = ops::linear(b, h, wout);
+  logits = ops::reshape(b, logits, Shape{in.batch * in.seq_len, a_.vocab_size});
+  ValueId labels = ops::reshape(b, in.labels, Shape{in.batch * in.seq_len});
+  return ops::cross_entropy(b, logits, labels, in.token_count);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> create_deepseek_v3(const DeepSeekV3Args& args, const std::string& flavor) {
+  args.validate(flavor);
+  MT_CHECK_T(ConfigError, args.vocab_size > 0,
+             "deepseek_v3 {}: vocab_size must be positive, found {}", flavor, args.vocab_size);
+  return std::make_unique<DeepSeekV3>(args, flavor);
+}
+
+std::unique_ptr<Model> create_deepseek_v3(const ModelOptions& o) {
+  DeepSeekV3Args a = deepseek_v3_flavor(o.flavor);
+  a.vocab_size = resolve_vocab(o, a.vocab_size);
+  if (o.n_layers_override > 0) a.n_layers = o.n_layers_override;
+  a.moe.load_balance_coeff = o.load_balance_coeff;
+  return create_deepseek_v3(a, o.flavor);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,115 @@
+// DeepSeek-V3 layer builders: Multi-head Latent Attention and the MoE block, on given weights,
+// following torchtitan's deepseek_v3 Attention.forward and moe.MoE.forward step for step.
+#include <cmath>
+
+#include "meshtrain/model/deepseek_v3.h"
+#include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/grouped_matmul.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/moe_combine.h"
+#include "meshtrain/ops/moe_permute.h"
+#include "meshtrain/ops/rmsnorm.h"
+#include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/ops/swiglu.h"
+
+namespace meshtrain {
+
+ops::RouterConfig DeepSeekV3MoEArgs::router_config() const {
+  return {.score_func = score_func,
+          .top_k = top_k,
+          .num_expert_groups = num_expert_groups,
+          .num_limited_groups = num_limited_groups,
+          .route_norm = route_norm,
+          .route_scale = route_scale};
+}
+
+DType router_dtype(DType compute_dtype) {
+  return compute_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+}
+
+double DeepSeekV3Args::softmax_scale(int64_t seq_len) const {
+  double scale = 1.0 / std::sqrt(double(qk_head_dim()));
+  if (seq_len > original_seq_len) {
+    const double m = ops::yarn_mscale(rope_factor, mscale);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+ops::RopeConfig DeepSeekV3Args::rope_config() const {
+  ops::RopeConfig c;
+  c.scaling = "yarn";
+  c.theta = rope_theta;
+  c.rope_factor = rope_factor;
+  c.beta_fast = beta_fast;
+  c.beta_slow = beta_slow;
+  c.original_seq_len = original_seq_len;
+  return c;  // yarn_apply unset: YaRN applies when the table's seq_len > original_seq_len
+}
+
+ValueId mla_forward(Builder& b, const DeepSeekV3Args& a, const MlaWeights& w, ValueId x,
+                    ValueId table, int64_t seq_len) {
+  const int64_t B = b.shape(x)[0], S = seq_len, H = a.n_heads;
+  const int64_t nope = a.qk_nope_head_dim, rope = a.qk_rope_head_dim, vd = a.v_head_dim;
+  const int64_t qk = a.qk_head_dim();
+  ValueId q;
+  if (a.q_lora_rank == 0) {
+    q = ops::linear(b, x, w.wq);
+  } else {
+    q = ops::linear(b, ops::rmsnorm(b, ops::linear(b, x, w.wq_a), w.q_norm, a.norm_eps), w.wq_b);
+  }
+  q = ops::reshape(b, q, Shape{B, S, H, qk});
+  ValueId q_nope = ops::slice(b, q, -1, 0, nope);
+  ValueId q_pe = ops::rope(b, ops::slice(b, q, -1, nope, rope), table);
+  q = ops::concat(b, {q_nope, q_pe}, -1);
+
+  // One compressed latent (kv_lora_rank) plus one rope key shared by all heads.
+  ValueId kv = ops::linear(b, x, w.wkv_a);  // [B, S, kv_lora_rank + rope]
+  ValueId latent = ops::slice(b, kv, -1, 0, a.kv_lora_rank);
+  ValueId k_pe = ops::reshape(b, ops::slice(b, kv, -1, a.kv_lora_rank, rope), Shape{B, S, 1, rope});
+  k_pe = ops::expand(b, ops::rope(b, k_pe, table), 2, H);
+  kv = ops::linear(b, ops::rmsnorm(b, latent, w.kv_norm, a.norm_eps), w.wkv_b);
+  kv = ops::reshape(b, kv, Shape{B, S, H, nope + vd});
+  ValueId k = ops::concat(b, {ops::slice(b, kv, -1, 0, nope), k_pe}, -1);
+  ValueId v = ops::slice(b, kv, -1, nope, vd);
+
+  ValueId o = ops::attention(b, q, k, v, a.softmax_scale(S), true).out;  // [B, S, H, v]
+  return ops::linear(b, ops::reshape(b, o, Shape{B, S, H * vd}), w.wo);
+}
+
+MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w, ValueId x) {
+  const DeepSeekV3MoEArgs& m = a.moe;
+  const DType rdt = router_dtype(b.dtype(x));
+  MoeOutputs out;
+  ops::RouterOutputs r;
+  {
+    auto s = b.scope("router");
+    ValueId logits = ops::linear(b, ops::cast(b, x, rdt), w.gate);  // [T, E] in float32
+    r = ops::router(b, logits, w.expert_bias, m.router_config());
+  }
+  out.ids = r.ids;
+  // Routed experts: expert-major rows (the place an expert-parallel token dispatch goes),
+  // SwiGLU over grouped GEMMs, and the weighted combine back to token order.
+  ValueId routed;
+  {
+    auto s = b.scope("experts");
+    ops::DispatchPlan plan =
+        ops::moe_dispatch_plan(b, r.ids, m.num_experts, m.token_group_alignment);
+    ValueId xp = ops::moe_permute(b, x, plan, m.score_before_experts ? r.weights : kNoValue);
+    ValueId h = ops::swiglu(b, ops::grouped_matmul(b, xp, w.w1, plan.groups),
+                            ops::grouped_matmul(b, xp, w.w3, plan.groups));
+    ValueId y = ops::grouped_matmul(b, h, w.w2, plan.groups);
+    routed = ops::moe_combine(b, y, plan.row_map, m.score_before_experts ? kNoValue : r.weights);
+  }
+  if (m.num_shared_experts == 0) {
+    out.out = routed;
+    return out;
+  }
+  auto s = b.scope("shared_experts");
+  ValueId h = ops::swiglu(b, ops::linear(b, x, w.shared_w1), ops::linear(b, x, w.shared_w3));
+  out.out = ops::add(b, ops::linear(b, h, w.shared_w2), routed);
+  return out;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,23 @@
+// Grouped GEMM of the routed experts: expert e multiplies the rows of its group in an
+// expert-major buffer (moe_permute's layout: groups[0][e] = start row, groups[1][e] = count) by
+// its own weight. Weights are [E, N, K] used transposed like linear (torchtitan's experts:
+// w1/w3 [E, hidden, dim], w2 [E, dim, hidden], x @ w[e]ᵀ), or [E, K, N] untransposed (the
+// backward's dx). Rows outside every group are never read and are written as zeros.
+#pragma once
+
+#include "meshtrain/graph/builder.h"
+
+namespace meshtrain::ops {
+
+// x [C, K], w [E, N, K] (transpose_w) or [E, K, N], groups [2, E] int32 -> [C, N].
+// Backward: dx = grouped_matmul(dy, w, groups, !transpose_w); dw = grouped_matmul_wgrad.
+ValueId grouped_matmul(Builder& b, ValueId x, ValueId w, ValueId groups, bool transpose_w = true);
+
+// a [C, P], b [C, Q], groups [2, E] -> [E, P, Q] with out[e] = a[rows of e]ᵀ · b[rows of e];
+// zero for experts that received no rows. The weight gradient of grouped_matmul.
+ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups);
+
+// Checks that a groups tensor is int32 [2, experts] (ShapeError naming the op).
+void check_groups(const TensorMeta& groups, int64_t experts, const char* op);
+
+}  // namespace meshtrain::ops
