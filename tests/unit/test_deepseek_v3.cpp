@@ -17,13 +17,10 @@
 
 namespace meshtrain {
 namespace {
+using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
 
-void expect_grad_ok(const testing::GradCheckReport& r) {
-  EXPECT_GT(r.checked, 0);
-  EXPECT_LE(r.max_rel_error, 1e-6) << r.worst << " (seed " << r.seed << ")";
-}
 
 // dim 32, 1 dense + 1 MoE layer, 4 experts top-2 + 1 shared; YaRN and mscale active from
 // seq_len 5 on (original_seq_len 4); groups padded to 4 rows.

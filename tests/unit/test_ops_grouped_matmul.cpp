@@ -15,13 +15,10 @@
 
 namespace meshtrain {
 namespace {
+using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
 
-void expect_grad_ok(const testing::GradCheckReport& r) {
-  EXPECT_GT(r.checked, 0);
-  EXPECT_LE(r.max_rel_error, 1e-6) << r.worst << " (seed " << r.seed << ")";
-}
 
 // 4 experts over a 12-row buffer: rows 0..2, 4..7, none (expert 2), 8..10; rows 3 and 11 unused.
 constexpr int64_t kE = 4, kRows = 12;

@@ -12,13 +12,10 @@
 
 namespace meshtrain {
 namespace {
+using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
 
-void expect_grad_ok(const testing::GradCheckReport& r) {
-  EXPECT_GT(r.checked, 0);
-  EXPECT_LE(r.max_rel_error, 1e-6) << r.worst << " (seed " << r.seed << ")";
-}
 
 // T = 5 tokens, k = 2, E = 4 experts; expert 2 receives nothing; alignment 4.
 const std::vector<double> kIds = {1, 0, 3, 1, 0, 1, 3, 0, 1, 3};

@@ -13,14 +13,11 @@
 
 namespace meshtrain {
 namespace {
+using testing::expect_grad_ok;
 using ops::RouterConfig;
 using testing::gradcheck;
 using testing::InputSpec;
 
-void expect_grad_ok(const testing::GradCheckReport& r) {
-  EXPECT_GT(r.checked, 0);
-  EXPECT_LE(r.max_rel_error, 1e-6) << r.worst << " (seed " << r.seed << ")";
-}
 
 struct Routed {
   std::vector<int32_t> ids;
