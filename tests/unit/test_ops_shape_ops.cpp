@@ -174,3 +174,22 @@ TEST(OpsShape, BadArgumentsNameTheProblem) {
 
 }  // namespace
 }  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+TEST(ShapeOps, Transpose01SwapsTheLeadingDimsAndIsItsOwnBackward) {
+  std::vector<double> v(2 * 3 * 2);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = double(i);
+  auto out = testing::run_forward({Tensor::from_vector(v, Shape{2, 3, 2})},
+                                  [](Builder& b, const std::vector<ValueId>& x) {
+                                    return std::vector<ValueId>{ops::transpose01(b, x[0])};
+                                  });
+  EXPECT_EQ(out[0].shape(), (Shape{3, 2, 2}));
+  // out[q][p] = in[p][q]
+  EXPECT_EQ(out[0].to_vector<double>(), (std::vector<double>{0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11}));
+  testing::expect_grad_ok(testing::gradcheck({{Shape{3, 4, 5}}}, [](Builder& b, const std::vector<ValueId>& x) {
+    return std::vector<ValueId>{ops::transpose01(b, x[0])};
+  }));
+}
+}  // namespace
+}  // namespace meshtrain

@@ -21,6 +21,10 @@ ValueId expand(Builder& b, ValueId x, int dim, int64_t n);
 // Sum over dim, keeping it with extent 1. Backward: expand(dy, dim, extent).
 ValueId sum_dim(Builder& b, ValueId x, int dim);
 
+// x [P, Q, ...] -> [Q, P, ...] (dims 0 and 1 swapped; the rest move as contiguous rows). Its own
+// backward. Used to gather a tensor sharded along dim 1 with a dim-0 all_gather.
+ValueId transpose01(Builder& b, ValueId x);
+
 // The row-major decomposition the kernels use: outer (dims before), extent, inner (dims after).
 struct DimSplit {
   int64_t outer, extent, inner;

@@ -43,60 +43,87 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
                             const InitSpec& init, ParamOptions options) {
   ParamInfo& p = declare(name, global_shape, init, options);
   p.dtype = config_.master_dtype;
-  const int tp = group_size("tp");
-  const int n = group_size("fsdp");
-  std::vector<int64_t> begin(size_t(global_shape.rank()), 0);
+  const bool expert = options.kind == ParamKind::kExpert;
+  const int rank = global_shape.rank();
+  std::vector<int64_t> begin(size_t(rank), 0);
   std::vector<std::string> shard_groups;
-  // 1. The tensor-parallel slice (even split, checked), which the model computes with.
-  Shape tp_local = global_shape;
-  if (tp > 1 && options.tp != TpStyle::kReplicate) {
-    const int d = options.tp == TpStyle::kColwise ? 0 : 1;
-    MT_CHECK_T(ConfigError, global_shape.rank() == 2 && global_shape[d] % tp == 0,
-               "{} {}: dim {} must divide by tensor_parallel_degree {} for {}-parallel",
-               name, global_shape, d, tp, d == 0 ? "column" : "row");
-    tp_local = global_shape.with(d, global_shape[d] / tp);
-    begin[size_t(d)] = tp_local[d] * group_rank("tp");
-    p.placements.emplace_back("tp", Placement::shard(d));
+
+  // 1. Model-parallel slices (even splits, checked): what the model computes with.
+  //    Dense [out, in]: tp column (dim 0) or row (dim 1). Experts [E, a, b]: Shard(0) on ep, and
+  //    on etp column (dim 1 of w1/w3 [E, hidden, dim]) or row (dim 2 of w2 [E, dim, hidden]).
+  Shape mp_local = global_shape;
+  auto split = [&](const std::string& group, int d, const char* what) {
+    const int k = group_size(group);
+    if (k == 1) return;
+    MT_CHECK_T(ConfigError, d < rank && global_shape[d] % k == 0,
+               "{} {}: dim {} ({}) must divide by the {} degree {}", name, global_shape, d, what,
+               group, k);
+    mp_local = mp_local.with(d, global_shape[d] / k);
+    begin[size_t(d)] = mp_local[d] * group_rank(group);
+    p.placements.emplace_back(group, Placement::shard(d));
+    shard_groups.push_back(group);
+  };
+  const std::string tp_group = expert ? "etp" : "tp";
+  const int tp_dim_col = expert ? 1 : 0, tp_dim_row = expert ? 2 : 1;
+  if (expert) {
+    MT_CHECK_T(ConfigError, rank == 3, "expert weight {} must be [experts, a, b], found {}", name,
+               global_shape);
+    MT_CHECK_T(ConfigError, global_shape[0] % group_size("ep") == 0,
+               "{}: num_experts {} must divide by expert_parallel_degree {}", name,
+               global_shape[0], group_size("ep"));
+    split("ep", 0, "experts");
+  } else {
+    MT_CHECK_T(ConfigError, options.tp == TpStyle::kReplicate || rank == 2,
+               "{} {}: only matrices can be tensor-parallel", name, global_shape);
   }
-  // 2. The FSDP shard of that slice along dim 0, padded to equal rows.
-  const int64_t d0 = tp_local[0];
-  const int64_t rows = (d0 + n - 1) / n;
-  p.local_shape = tp_local;
+  if (options.tp == TpStyle::kColwise) split(tp_group, tp_dim_col, "column-parallel");
+  if (options.tp == TpStyle::kRowwise) split(tp_group, tp_dim_row, "row-parallel");
+
+  // 2. The data-parallel shard of that slice, padded to equal pieces: dense on fsdp along dim 0;
+  //    experts on efsdp along dim 0 when the local experts divide, otherwise along dim 1.
+  const std::string dp_group = expert ? "efsdp" : "fsdp";
+  const int n = group_size(dp_group);
+  const int fd = (expert && mp_local[0] % n != 0) ? 1 : 0;
+  const int64_t extent = mp_local[fd];
+  const int64_t piece_rows = (extent + n - 1) / n;
+  std::vector<int64_t> limit(static_cast<size_t>(rank));
+  for (int d = 0; d < rank; ++d) limit[size_t(d)] = begin[size_t(d)] + mp_local[d];
+  p.local_shape = mp_local;
   if (n > 1) {
-    p.local_shape = tp_local.with(0, rows);
-    begin[0] += rows * group_rank("fsdp");
-    p.shard_degree = n;
-    shard_groups.push_back("fsdp");
-    p.placements.emplace_back("fsdp", Placement::shard(0));
+    p.local_shape = mp_local.with(fd, piece_rows);
+    begin[size_t(fd)] += piece_rows * group_rank(dp_group);
+    p.placements.emplace_back(dp_group, Placement::shard(fd));
+    shard_groups.insert(shard_groups.begin(), dp_group);
   }
-  if (!p.placements.empty() && p.placements.front().first == "tp") {
-    p.shard_degree *= tp;
-    shard_groups.push_back("tp");
-  }
+  p.shard_degree = 1;
+  for (const auto& g : shard_groups) p.shard_degree *= group_size(g);
   p.shard_group = fmt::format("{}", fmt::join(shard_groups, ","));
-  std::vector<int64_t> limit(size_t(global_shape.rank()));
-  for (int d = 0; d < global_shape.rank(); ++d) limit[size_t(d)] = global_shape[d];
-  limit[0] = (begin[0] - (n > 1 ? rows * group_rank("fsdp") : 0)) + d0;  // end of the tp slice
-  p.piece = LocalPiece{begin, limit};
+  p.piece = LocalPiece{begin, limit};  // past the model-parallel slice: padding
   const int replicas = group_size("dp_replicate");
   if (replicas > 1) p.placements.emplace_back("dp_replicate", Placement::replicate());
-  const bool tp_replicated = tp > 1 && options.tp == TpStyle::kReplicate;
+  const bool tp_replicated = !expert && group_size("tp") > 1 && options.tp == TpStyle::kReplicate;
   if (tp_replicated) p.placements.emplace_back("tp", Placement::replicate());
 
   p.master = b.persistent(name, {p.local_shape, p.dtype},
                           p.trainable ? ValueRole::kParameter : ValueRole::kState);
   ValueId x = p.master;
-  // Replicated across dp_replicate (and across tp for tp-replicated weights, whose per-rank
+  // Replicated across dp_replicate (and across tp for tp-replicated dense weights, whose per-rank
   // gradients are partial: token shards, or partial sums from column-parallel consumers): the
   // per-rank gradients are summed in backward.
   if (replicas > 1) x = ops::replicate_grad(b, x, "dp_replicate");
   if (tp_replicated) x = ops::replicate_grad(b, x, "tp");
   x = ops::cast(b, x, options.compute_dtype.value_or(config_.compute_dtype));
   x = redistribute(b, x, n > 1 ? Placement::shard(0) : Placement::replicate(),
-                   Placement::replicate(), "fsdp", n);
+                   Placement::replicate(), dp_group, n);
+  if (n > 1 && fd == 1) {
+    // The gather stacked the n pieces along dim 0: [n·E, r, b] -> [E, n·r, b].
+    const Shape& ls = p.local_shape;
+    x = ops::reshape(b, x, Shape{n, ls[0], ls[1] * ls[2]});
+    x = ops::reshape(b, ops::transpose01(b, x), Shape{ls[0], n * ls[1], ls[2]});
+  }
   // Gradients flowing back into the master are reduced in reduce_dtype.
   x = ops::grad_cast(b, x, config_.reduce_dtype);
-  if (rows * n != d0) x = ops::slice(b, x, 0, 0, d0);
+  if (piece_rows * n != extent) x = ops::slice(b, x, fd, 0, extent);
   return x;
 }
 

@@ -13,8 +13,7 @@ namespace {
 
 // Nodes the pass never clones, whatever the policy.
 bool always_kept(const Node& n) {
-  if (n.op == "all_to_all_v" || n.op.rfind("moe_dispatch", 0) == 0 || n.op.rfind("moe_combine_exchange", 0) == 0)
-    return true;  // the token exchange is saved, never repeated
+  if (n.op.rfind("ep_", 0) == 0) return true;  // the token exchange is saved, never repeated
   if (n.op == "all_gather" && n.attrs.s("group", "") == "fsdp") return true;  // reshard pass owns these
   const OpDef& def = OpRegistry::instance().op(n.op);
   return def.side_effect;

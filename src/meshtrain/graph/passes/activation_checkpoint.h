@@ -4,7 +4,8 @@
 // reader, and backward reads the clone, so the forward value dies after its last forward use.
 // Saved nodes keep their outputs. FSDP all_gathers are never cloned here (they stay region
 // inputs; the reshard-after-forward pass, run after this one, gathers them again before the
-// recompute when resharding). all_to_all_v (expert dispatch/combine) is always saved, so a
+// recompute when resharding). The expert token exchange (ep_counts, ep_to_experts,
+// ep_from_experts) is always saved, so a
 // recompute never repeats the token exchange or sees other split sizes.
 #pragma once
 

@@ -38,6 +38,17 @@ void sum_dim_kernel(const T* x, T* y, const DimSplit& s) {
 }
 
 MT_REGISTER_OPS {
+  add_cpu_kernel("transpose01", [](KernelContext& c) {
+    const Shape& x = c.in[0].shape();
+    const int64_t P = x[0], Q = x[1];
+    if (P * Q == 0) return;
+    const size_t row = size_t(x.numel() / (P * Q)) * dtype_size(c.in[0].dtype());
+    const char* src = static_cast<const char*>(c.in[0].raw());
+    char* dst = static_cast<char*>(c.out[0].raw());
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t q = 0; q < Q; ++q)
+        std::memcpy(dst + size_t(q * P + p) * row, src + size_t(p * Q + q) * row, row);
+  });
   add_cpu_kernel("slice", [](KernelContext& c) {
     int dim = int(c.attrs().i("dim"));
     DimSplit in = split_at(c.in[0].shape(), dim);

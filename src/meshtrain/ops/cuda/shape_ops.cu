@@ -123,6 +123,18 @@ size_t block_bytes(const Tensor& t, const DimSplit& s) {
 }
 
 MT_REGISTER_OPS {
+  add_cuda_kernel("transpose01", [](KernelContext& c) {
+    const Shape& x = c.in[0].shape();
+    const int64_t P = x[0], Q = x[1];
+    if (P * Q == 0) return;
+    const size_t row = size_t(x.numel() / (P * Q)) * dtype_size(c.in[0].dtype());
+    // One strided copy per source block p: its Q rows land P rows apart.
+    for (int64_t p = 0; p < P; ++p)
+      CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(c.out[0].raw()) + size_t(p) * row,
+                                   size_t(P) * row,
+                                   static_cast<const char*>(c.in[0].raw()) + size_t(p * Q) * row,
+                                   row, row, size_t(Q), cudaMemcpyDeviceToDevice, stream_of(c)));
+  });
   add_cuda_kernel("slice", [](KernelContext& c) {
     const int dim = int(c.attrs().i("dim"));
     const DimSplit in = split_at(c.in[0].shape(), dim);

@@ -1,0 +1,39 @@
+// Expert-parallel token exchange as graph ops, inserted between moe_permute (alignment 1, so the
+// rows bound for each EP rank — a contiguous block of experts — are contiguous) and the expert
+// GEMMs. Three ops over the `ep` group:
+//   ep_counts:       every rank sends each peer its counts for that peer's experts; returns the
+//                    received counts [ep, E_local] and the groups [2, E_local] of the local
+//                    expert-major buffer (padded to `alignment`). Not differentiable.
+//   ep_to_experts:   rows to the ranks owning their experts, regrouped by local expert.
+//   ep_from_experts: the reverse exchange, back into the sender's expert-major order.
+// The last two are linear maps and each other's adjoint, so each is the other's backward; no
+// count exchange happens in backward or in a recomputation (activation checkpointing keeps these
+// ops' outputs: the token exchange is saved, never repeated).
+//
+// Host reads: NCCL and MPI take per-peer row counts on the host, so the kernels copy the (small)
+// count tensors to the host and wait for that copy: the one host synchronisation a step has.
+#pragma once
+
+#include <string>
+
+#include "meshtrain/graph/builder.h"
+
+namespace meshtrain::ops {
+
+struct EpLayout {
+  ValueId recv_counts;   // [ep, E_local] int32: rows this rank receives per (peer, local expert)
+  ValueId local_groups;  // [2, E_local] int32: start row / count of each local expert
+  int64_t local_capacity = 0;  // rows of the local expert-major buffer (worst case)
+};
+
+// groups [2, E] int32 from moe_dispatch_plan with alignment 1 over `choices` routed rows; `ep`
+// ranks in `group`. The local buffer is capacity-bounded for the worst case: every choice of
+// every peer routed to this rank's experts.
+EpLayout ep_counts(Builder& b, ValueId groups, const std::string& group, int ep,
+                   int64_t alignment, int64_t choices);
+ValueId ep_to_experts(Builder& b, ValueId x_perm, ValueId groups, const EpLayout& layout,
+                      const std::string& group);
+ValueId ep_from_experts(Builder& b, ValueId y_local, ValueId groups, const EpLayout& layout,
+                        int64_t capacity, const std::string& group);
+
+}  // namespace meshtrain::ops
