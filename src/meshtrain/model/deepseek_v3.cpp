@@ -162,7 +162,7 @@ class DeepSeekV3 final : public Model {
     return plan.param(b, b.current_scope() + "." + local, shape, init, options);
   }
   ValueId attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table, double init_std,
-                    int64_t seq_len);
+                    const ModelInputs& in);
   ValueId feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
   ValueId moe(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
 
@@ -188,35 +188,46 @@ std::string DeepSeekV3::describe() const {
       a_.rope_factor, a_.original_seq_len);
 }
 
+// Blocks take the residual stream's token shard x [T/tp, dim] and return on that shard:
+// tp_enter gathers the tokens for the head-parallel projections, tp_exit reduce-scatters the
+// row-parallel output (identities when tp = 1). Latent projections and norms stay replicated.
 ValueId DeepSeekV3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table,
-                              double init_std, int64_t seq_len) {
+                              double init_std, const ModelInputs& in) {
   auto s = b.scope("attention");
   const InitSpec w02 = InitSpec::trunc_normal(0.02);
   const int64_t H = a_.n_heads, D = a_.dim;
+  const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
   MlaWeights w;
   if (a_.q_lora_rank == 0) {
-    w.wq = weight(b, plan, "wq.weight", {H * a_.qk_head_dim(), D}, w02);
+    w.wq = weight(b, plan, "wq.weight", {H * a_.qk_head_dim(), D}, w02, col);
   } else {
     w.wq_a = weight(b, plan, "wq_a.weight", {a_.q_lora_rank, D}, w02);
     w.q_norm = weight(b, plan, "q_norm.weight", {a_.q_lora_rank}, InitSpec::ones());
-    w.wq_b = weight(b, plan, "wq_b.weight", {H * a_.qk_head_dim(), a_.q_lora_rank}, w02);
+    w.wq_b = weight(b, plan, "wq_b.weight", {H * a_.qk_head_dim(), a_.q_lora_rank}, w02, col);
   }
   w.wkv_a = weight(b, plan, "wkv_a.weight", {a_.kv_lora_rank + a_.qk_rope_head_dim, D}, w02);
   w.kv_norm = weight(b, plan, "kv_norm.weight", {a_.kv_lora_rank}, InitSpec::ones());
   w.wkv_b = weight(b, plan, "wkv_b.weight",
-                   {H * (a_.qk_nope_head_dim + a_.v_head_dim), a_.kv_lora_rank}, w02);
-  w.wo = weight(b, plan, "wo.weight", {D, H * a_.v_head_dim}, InitSpec::trunc_normal(init_std));
-  return mla_forward(b, a_, w, x, table, seq_len);
+                   {H * (a_.qk_nope_head_dim + a_.v_head_dim), a_.kv_lora_rank}, w02, col);
+  w.wo = weight(b, plan, "wo.weight", {D, H * a_.v_head_dim}, InitSpec::trunc_normal(init_std),
+                row);
+  ValueId xf = ops::reshape(b, plan.tp_enter(b, x), Shape{in.batch, in.seq_len, D});
+  ValueId o = mla_forward(b, a_, w, xf, table, in.seq_len, H / plan.tp_degree());
+  return plan.tp_exit(b, ops::reshape(b, o, Shape{in.batch * in.seq_len, D}));
 }
 
 ValueId DeepSeekV3::feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std) {
   auto s = b.scope("feed_forward");
-  ValueId w1 = weight(b, plan, "w1.weight", {a_.inter_dim, a_.dim}, InitSpec::trunc_normal(0.02));
+  const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
+  ValueId w1 =
+      weight(b, plan, "w1.weight", {a_.inter_dim, a_.dim}, InitSpec::trunc_normal(0.02), col);
   ValueId w2 =
-      weight(b, plan, "w2.weight", {a_.dim, a_.inter_dim}, InitSpec::trunc_normal(init_std));
+      weight(b, plan, "w2.weight", {a_.dim, a_.inter_dim}, InitSpec::trunc_normal(init_std), row);
   ValueId w3 =
-      weight(b, plan, "w3.weight", {a_.inter_dim, a_.dim}, InitSpec::trunc_normal(init_std));
-  return ops::linear(b, ops::swiglu(b, ops::linear(b, x, w1), ops::linear(b, x, w3)), w2);
+      weight(b, plan, "w3.weight", {a_.inter_dim, a_.dim}, InitSpec::trunc_normal(init_std), col);
+  ValueId xf = plan.tp_enter(b, x);
+  return plan.tp_exit(
+      b, ops::linear(b, ops::swiglu(b, ops::linear(b, xf, w1), ops::linear(b, xf, w3)), w2));
 }
 
 ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_std) {
@@ -225,23 +236,28 @@ ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_s
   const DeepSeekV3MoEArgs& m = a_.moe;
   const int64_t E = m.num_experts, D = a_.dim, Hd = a_.moe_inter_dim;
   const DType rdt = router_dtype(plan.config().compute_dtype);
-  const Shape bsd = b.shape(x);
-  x = ops::reshape(b, x, Shape{bsd[0] * bsd[1], D});
+  // ETP = 1: experts see this rank's token shard (EP takes the tp ranks). ETP = tp: the experts
+  // are column/row-parallel too, so the block runs on all tokens and ends with one tp_exit.
+  const bool etp = plan.group_size("etp") > 1;
+  if (etp) x = plan.tp_enter(b, x);
   MoeWeights w;
-  const ParamOptions expert{.kind = ParamKind::kExpert};
-  w.w1 = weight(b, plan, "experts.w1", {E, Hd, D}, InitSpec::trunc_normal(0.02), expert);
-  w.w2 = weight(b, plan, "experts.w2", {E, D, Hd}, InitSpec::trunc_normal(init_std), expert);
-  w.w3 = weight(b, plan, "experts.w3", {E, Hd, D}, InitSpec::trunc_normal(init_std), expert);
-  w.gate = weight(b, plan, "router.gate.weight", {E, D}, InitSpec::trunc_normal(init_std),
+  const ParamOptions ecol{.kind = ParamKind::kExpert, .tp = TpStyle::kColwise};
+  const ParamOptions erow{.kind = ParamKind::kExpert, .tp = TpStyle::kRowwise};
+  w.w1 = weight(b, plan, "experts.w1", {E, Hd, D}, InitSpec::trunc_normal(0.02), ecol);
+  w.w2 = weight(b, plan, "experts.w2", {E, D, Hd}, InitSpec::trunc_normal(init_std), erow);
+  w.w3 = weight(b, plan, "experts.w3", {E, Hd, D}, InitSpec::trunc_normal(init_std), ecol);
+  w.gate = weight(b, plan, "router.gate.weight", {E, D},
+                  m.router_zero_init ? InitSpec::zeros() : InitSpec::trunc_normal(init_std),
                   {.compute_dtype = rdt});
   if (m.num_shared_experts > 0) {
     const int64_t hs = Hd * m.num_shared_experts;
+    const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
     w.shared_w1 =
-        weight(b, plan, "shared_experts.w1.weight", {hs, D}, InitSpec::trunc_normal(0.02));
+        weight(b, plan, "shared_experts.w1.weight", {hs, D}, InitSpec::trunc_normal(0.02), col);
     w.shared_w2 =
-        weight(b, plan, "shared_experts.w2.weight", {D, hs}, InitSpec::trunc_normal(init_std));
+        weight(b, plan, "shared_experts.w2.weight", {D, hs}, InitSpec::trunc_normal(init_std), row);
     w.shared_w3 =
-        weight(b, plan, "shared_experts.w3.weight", {hs, D}, InitSpec::trunc_normal(init_std));
+        weight(b, plan, "shared_experts.w3.weight", {hs, D}, InitSpec::trunc_normal(init_std), col);
   }
   // Load balancing state: the bias the router adds, the forward's counter (summed over the
   // micro-batches of a step) and the last step's counts for the metrics.
@@ -256,25 +272,38 @@ ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_s
   plan.buffer(b, lb.last_load, {E}, rdt, InitSpec::zeros());
   plan.add_load_balance_layer(lb);
 
-  MoeOutputs o = moe_forward(b, a_, w, x);
+  // ETP = 1 with tp > 1: the routed experts see the token shard but the shared experts are
+  // tensor-parallel, so they run on all tokens between their own tp_enter / tp_exit.
+  ValueId shared = kNoValue;
+  if (!etp && plan.tp_degree() > 1 && w.shared_w1 != kNoValue) {
+    auto ss = b.scope("shared_experts");
+    ValueId xf = plan.tp_enter(b, x);
+    ValueId hsh = ops::swiglu(b, ops::linear(b, xf, w.shared_w1), ops::linear(b, xf, w.shared_w3));
+    shared = plan.tp_exit(b, ops::linear(b, hsh, w.shared_w2));
+    w.shared_w1 = w.shared_w2 = w.shared_w3 = kNoValue;
+  }
+  MoeOutputs o = moe_forward(b, a_, w, x, &plan);
   ops::accumulate(b, counter, ops::moe_token_counts(b, o.ids, E, rdt));
-  return ops::reshape(b, o.out, bsd);
+  if (shared != kNoValue) return ops::add(b, o.out, shared);
+  return etp ? plan.tp_exit(b, o.out) : o.out;
 }
 
 ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
-  // The MLA and MoE blocks do not shard heads, experts or tokens over tp yet; replicated weights
-  // would have their gradients summed over tp ranks that computed the same thing.
-  MT_CHECK_T(ConfigError, plan.tp_degree() == 1,
-             "deepseek_v3 does not support [parallelism] tensor_parallel_degree > 1 yet (found "
-             "{}); use data_parallel_shard_degree / data_parallel_replicate_degree",
-             plan.tp_degree());
+  const int tp = plan.tp_degree();
+  MT_CHECK_T(ConfigError, a_.n_heads % tp == 0,
+             "deepseek_v3 {}: n_heads {} must divide by tensor_parallel_degree {}", flavor_,
+             a_.n_heads, tp);
   const DType cdt = plan.config().compute_dtype;
+  const int64_t T = in.batch * in.seq_len;
+  // The residual stream is [tokens, dim] on this rank's token shard (sequence parallel).
+  ValueId tokens = plan.shard_tokens(b, ops::reshape(b, in.tokens, Shape{T}));
+  ValueId labels = plan.shard_tokens(b, ops::reshape(b, in.labels, Shape{T}));
   ValueId emb =
       plan.param(b, "tok_embeddings.weight", {a_.vocab_size, a_.dim}, InitSpec::normal(1.0));
   ValueId h;
   {
     auto s = b.scope("tok_embeddings");
-    h = ops::embedding(b, in.tokens, emb);
+    h = ops::embedding(b, tokens, emb);
   }
   // The rotation table (float32, float64 for float64 runs) covers the rope part of q and k.
   ValueId table = ops::rope_table(b, in.seq_len, a_.qk_rope_head_dim, a_.rope_config(),
@@ -285,7 +314,7 @@ ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in)
     ValueId an =
         plan.param(b, b.current_scope() + ".attention_norm.weight", {a_.dim}, InitSpec::ones());
     h = ops::add(
-        b, h, attention(b, plan, ops::rmsnorm(b, h, an, a_.norm_eps), table, init_std, in.seq_len));
+        b, h, attention(b, plan, ops::rmsnorm(b, h, an, a_.norm_eps), table, init_std, in));
     ValueId fn = plan.param(b, b.current_scope() + ".ffn_norm.weight", {a_.dim}, InitSpec::ones());
     ValueId x = ops::rmsnorm(b, h, fn, a_.norm_eps);
     h = ops::add(
@@ -297,10 +326,8 @@ ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in)
   ValueId wout = plan.param(b, "output.weight", {a_.vocab_size, a_.dim},
                             InitSpec::trunc_normal(out_std, -3 * out_std, 3 * out_std));
   auto s = b.scope("output");
-  ValueId logits = ops::linear(b, h, wout);
-  logits = ops::reshape(b, logits, Shape{in.batch * in.seq_len, a_.vocab_size});
-  ValueId labels = ops::reshape(b, in.labels, Shape{in.batch * in.seq_len});
-  return ops::cross_entropy(b, logits, labels, in.token_count);
+  // Logits of this rank's token shard only: [T/tp, vocab].
+  return ops::cross_entropy(b, ops::linear(b, h, wout), labels, in.token_count);
 }
 
 }  // namespace
@@ -317,6 +344,8 @@ std::unique_ptr<Model> create_deepseek_v3(const ModelOptions& o) {
   a.vocab_size = resolve_vocab(o, a.vocab_size);
   if (o.n_layers_override > 0) a.n_layers = o.n_layers_override;
   a.moe.load_balance_coeff = o.load_balance_coeff;
+  if (o.moe_top_k > 0) a.moe.top_k = o.moe_top_k;
+  a.moe.router_zero_init = o.router_zero_init;
   return create_deepseek_v3(a, o.flavor);
 }
 

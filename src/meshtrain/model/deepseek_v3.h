@@ -24,6 +24,7 @@ struct DeepSeekV3MoEArgs {  // torchtitan's MoEArgs
   int64_t num_expert_groups = 0;  // 0 = None (no group-limited routing)
   int64_t num_limited_groups = 0;
   double load_balance_coeff = 1e-3;  // 0 = the expert bias never moves
+  bool router_zero_init = false;     // all-zero initial gate (tests: every token ties)
   // Rows of each expert's group are padded to a multiple of this (torchtitan's
   // TOKEN_GROUP_ALIGN_SIZE_M, what bf16 grouped GEMMs need), on every backend alike.
   int64_t token_group_alignment = 8;
@@ -81,8 +82,10 @@ struct MlaWeights {
   ValueId wkv_a = kNoValue, kv_norm = kNoValue, wkv_b = kNoValue, wo = kNoValue;
 };
 // x [B, S, dim] -> [B, S, dim]; rope_table from ops::rope_table(S, qk_rope_head_dim, ...).
+// x [B, S, dim] -> [B, S, dim]. `heads` = the heads this rank computes (n_heads / tp; 0 = all):
+// under tensor parallelism the output is a partial sum (row-parallel wo).
 ValueId mla_forward(Builder& b, const DeepSeekV3Args& a, const MlaWeights& w, ValueId x,
-                    ValueId rope_table, int64_t seq_len);
+                    ValueId rope_table, int64_t seq_len, int64_t heads = 0);
 
 struct MoeWeights {
   ValueId gate = kNoValue;         // [E, dim], in the router dtype (float32, float64 runs: float64)
@@ -95,7 +98,10 @@ struct MoeOutputs {
   ValueId ids;  // [T, top_k] int32: the routing, for the load counters
 };
 // x [T, dim] in the compute dtype.
-MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w, ValueId x);
+// With a plan whose ep group has more than one rank, the expert-major rows go through the plan's
+// expert exchange so each rank runs its E / ep local experts (w1/w2/w3 are then local).
+MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w, ValueId x,
+                       const ParallelPlan* plan = nullptr);
 
 // The router computes in float32 (float64 in float64 runs) whatever the model's compute dtype.
 DType router_dtype(DType compute_dtype);

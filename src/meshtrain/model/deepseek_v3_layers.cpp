@@ -49,8 +49,8 @@ ops::RopeConfig DeepSeekV3Args::rope_config() const {
 }
 
 ValueId mla_forward(Builder& b, const DeepSeekV3Args& a, const MlaWeights& w, ValueId x,
-                    ValueId table, int64_t seq_len) {
-  const int64_t B = b.shape(x)[0], S = seq_len, H = a.n_heads;
+                    ValueId table, int64_t seq_len, int64_t heads) {
+  const int64_t B = b.shape(x)[0], S = seq_len, H = heads > 0 ? heads : a.n_heads;
   const int64_t nope = a.qk_nope_head_dim, rope = a.qk_rope_head_dim, vd = a.v_head_dim;
   const int64_t qk = a.qk_head_dim();
   ValueId q;
@@ -78,7 +78,9 @@ ValueId mla_forward(Builder& b, const DeepSeekV3Args& a, const MlaWeights& w, Va
   return ops::linear(b, ops::reshape(b, o, Shape{B, S, H * vd}), w.wo);
 }
 
-MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w, ValueId x) {
+MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w, ValueId x,
+                       const ParallelPlan* plan) {
+  const bool ep = plan && plan->group_size("ep") > 1;
   const DeepSeekV3MoEArgs& m = a.moe;
   const DType rdt = router_dtype(b.dtype(x));
   MoeOutputs out;
@@ -94,15 +96,20 @@ MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w,
   ValueId routed;
   {
     auto s = b.scope("experts");
-    ops::DispatchPlan plan =
-        ops::moe_dispatch_plan(b, r.ids, m.num_experts, m.token_group_alignment);
-    ValueId xp = ops::moe_permute(b, x, plan, m.score_before_experts ? r.weights : kNoValue);
-    ValueId h = ops::swiglu(b, ops::grouped_matmul(b, xp, w.w1, plan.groups),
-                            ops::grouped_matmul(b, xp, w.w3, plan.groups));
-    ValueId y = ops::grouped_matmul(b, h, w.w2, plan.groups);
-    routed = ops::moe_combine(b, y, plan.row_map, m.score_before_experts ? kNoValue : r.weights);
+    // With expert parallelism the rows are first grouped unpadded (each EP rank's block is then
+    // contiguous); the local buffer after the exchange is padded to the alignment.
+    ops::DispatchPlan dp = ops::moe_dispatch_plan(b, r.ids, m.num_experts,
+                                                  ep ? 1 : m.token_group_alignment);
+    ValueId xp = ops::moe_permute(b, x, dp, m.score_before_experts ? r.weights : kNoValue);
+    ExpertRows rows{xp, dp.groups};
+    if (ep) rows = plan->to_local_experts(b, xp, dp.groups, dp.capacity, m.token_group_alignment);
+    ValueId h = ops::swiglu(b, ops::grouped_matmul(b, rows.x, w.w1, rows.groups),
+                            ops::grouped_matmul(b, rows.x, w.w3, rows.groups));
+    ValueId y = ops::grouped_matmul(b, h, w.w2, rows.groups);
+    if (ep) y = plan->from_local_experts(b, y, rows, dp.groups, dp.capacity);
+    routed = ops::moe_combine(b, y, dp.row_map, m.score_before_experts ? kNoValue : r.weights);
   }
-  if (m.num_shared_experts == 0) {
+  if (m.num_shared_experts == 0 || w.shared_w1 == kNoValue) {
     out.out = routed;
     return out;
   }

@@ -27,6 +27,8 @@ struct ModelOptions {
   int n_layers_override = 0;    // [model] n_layers (0 = flavor's)
   int64_t seq_len = 0;          // [training] seq_len (rope tables, YaRN condition)
   double load_balance_coeff = 1e-3;  // [model] load_balance_coeff (MoE models; 0 = off)
+  int64_t moe_top_k = 0;             // [model] moe_top_k (0 = flavor's)
+  bool router_zero_init = false;     // [model] router_zero_init
 };
 
 class Model {

@@ -6,6 +6,7 @@
 #include "meshtrain/parallel/plan.h"
 
 #include "meshtrain/comm/collective_ops.h"
+#include "meshtrain/comm/expert_exchange.h"
 #include "meshtrain/parallel/placement.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
@@ -140,6 +141,18 @@ ValueId ParallelPlan::shard_tokens(Builder& b, ValueId x) const {
 
 ValueId ParallelPlan::tp_enter(Builder& b, ValueId x) const {
   return redistribute(b, x, Placement::shard(0), Placement::replicate(), "tp", group_size("tp"));
+}
+
+ExpertRows ParallelPlan::to_local_experts(Builder& b, ValueId x_perm, ValueId groups,
+                                          int64_t capacity, int64_t alignment) const {
+  ops::EpLayout l = ops::ep_counts(b, groups, "ep", group_size("ep"), alignment, capacity);
+  return ExpertRows{ops::ep_to_experts(b, x_perm, groups, l, "ep"), l.local_groups, l.recv_counts};
+}
+
+ValueId ParallelPlan::from_local_experts(Builder& b, ValueId y_local, const ExpertRows& local,
+                                         ValueId groups, int64_t capacity) const {
+  ops::EpLayout l{local.recv_counts, local.groups, b.shape(y_local)[0]};
+  return ops::ep_from_experts(b, y_local, groups, l, capacity, "ep");
 }
 
 ValueId ParallelPlan::tp_exit(Builder& b, ValueId y) const {

@@ -73,6 +73,14 @@ struct PlanConfig {
   DType reduce_dtype = DType::kF32;   // gradient reductions ([training] mixed_precision_reduce)
 };
 
+// Expert-major rows and the groups [2, experts] that describe them, on either side of the
+// expert-parallel exchange.
+struct ExpertRows {
+  ValueId x = kNoValue;
+  ValueId groups = kNoValue;
+  ValueId recv_counts = kNoValue;  // set after to_local_experts: the exchange's layout
+};
+
 class ParallelPlan {
  public:
   // `layout` may be null: every group has size 1 (one rank).
@@ -112,6 +120,14 @@ class ParallelPlan {
   ValueId tp_enter(Builder& b, ValueId x) const;
   // tp_exit: [T, D] partial sums of a row-parallel matmul -> [T/tp, D] (reduce_scatter).
   ValueId tp_exit(Builder& b, ValueId y) const;
+
+  // Expert parallelism: rows of this rank's expert-major buffer (all experts, unpadded) to the
+  // ranks of the ep group owning their experts, regrouped by local expert and padded to
+  // `alignment`; and the reverse for the experts' output. `capacity` = rows of the source buffer.
+  ExpertRows to_local_experts(Builder& b, ValueId x_perm, ValueId groups, int64_t capacity,
+                              int64_t alignment) const;
+  ValueId from_local_experts(Builder& b, ValueId y_local, const ExpertRows& local,
+                             ValueId groups, int64_t capacity) const;
 
  private:
   ParamInfo& declare(const std::string& name, const Shape& global_shape, const InitSpec& init,

@@ -134,6 +134,12 @@ std::vector<Binding> make_bindings() {
                     "MoE models: expert_bias step of auxiliary-loss-free load balancing after each "
                     "optimizer step (bias += coeff * sign(mean load - load)); 0 = off")
                   .at_least(0));
+  t.push_back(field("model", "moe_top_k", &J::model, &ModelSection::moe_top_k,
+                    "MoE models: experts each token is routed to; 0 = the flavor's")
+                  .at_least(0));
+  t.push_back(field("model", "router_zero_init", &J::model, &ModelSection::router_zero_init,
+                    "MoE models: all-zero initial router gate (every token ties and goes to the "
+                    "lowest experts; for testing experts and ranks that receive nothing)"));
   // [optimizer]
   t.push_back(field("optimizer", "name", &J::optimizer, &OptimizerSection::name, "Optimizer to use",
                     {"AdamW"}));

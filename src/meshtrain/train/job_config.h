@@ -30,6 +30,11 @@ struct ModelSection {
   // MoE models: auxiliary-loss-free load balancing step (torchtitan's MoEArgs.load_balance_coeff,
   // a model arg there; a [model] key here so runs can turn it off). 0 = off.
   double load_balance_coeff = 1e-3;
+  int64_t moe_top_k = 0;  // MoE models: experts per token; 0 = the flavor's
+  // MoE models: start from an all-zero router gate, so every token's scores tie and it goes to the
+  // lowest-numbered experts (the rest, and the EP ranks owning them, receive nothing). For tests
+  // of empty experts; training moves the gate away from zero after the first step.
+  bool router_zero_init = false;
 };
 
 struct OptimizerSection {

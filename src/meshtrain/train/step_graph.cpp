@@ -31,6 +31,8 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   mo.n_layers_override = int(cfg.model.n_layers);
   mo.seq_len = cfg.training.seq_len;
   mo.load_balance_coeff = cfg.model.load_balance_coeff;
+  mo.moe_top_k = cfg.model.moe_top_k;
+  mo.router_zero_init = cfg.model.router_zero_init;
   sg->model = create_model(mo);
   sg->plan = std::make_unique<ParallelPlan>(
       PlanConfig{.master_dtype = o.master_dtype, .compute_dtype = o.compute_dtype,

@@ -45,9 +45,9 @@ std::string gib(int64_t b) { return fmt::format("{:.3f} GiB", double(b) / double
 
 void check_supported(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
-  MT_CHECK_T(ConfigError, p.context_parallel_degree == 1 && p.expert_parallel_degree == 1,
-             "context and expert parallel degrees > 1 are not implemented yet (found cp={}, ep={})",
-             p.context_parallel_degree, p.expert_parallel_degree);
+  MT_CHECK_T(ConfigError, p.context_parallel_degree == 1,
+             "context parallel degree > 1 is not implemented yet (found cp={})",
+             p.context_parallel_degree);
 }
 }  // namespace
 
@@ -131,8 +131,13 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
                       .max_norm = cfg_.training.max_norm};
   // Tokens differ across the data-parallel and context-parallel ranks (the "loss" group): the
   // expert counts are summed over it before the bias update, as torchtitan does.
+  // With ETP = 1 and tp > 1 routing runs on sequence-parallel token shards, so tp ranks saw other
+  // tokens too and the sum runs over every rank; with ETP = tp the tp ranks routed the same
+  // (gathered) tokens and only the data-parallel ranks differ.
+  const bool shard_routing = mesh_->size("tp") > 1 && mesh_->size("etp") == 1;
+  const std::string count_group = shard_routing ? "world" : "loss";
   LoadBalanceOptions lb{.layers = plan_->load_balance_layers(),
-                        .count_group = mesh_->size("loss") > 1 ? "loss" : ""};
+                        .count_group = mesh_->size(count_group) > 1 ? count_group : ""};
   optimizer_ = std::make_unique<Optimizer>(*store_, ap, *backend_, services_.get(), lb);
   int64_t load_elems = 0;
   for (const LoadBalanceLayer& l : lb.layers) load_elems += l.num_experts;
