@@ -2,7 +2,9 @@
 # bench/e2e/run.sh [OUT_DIR]: on one GPU, meshtrain and the PyTorch baseline (eager and
 # torch.compile) on the same shapes — DeepSeek-V3 16B and Llama-3 8B cut to 4 layers, local batch
 # 4 × seq 4096, bf16 — then the side-by-side table and meshtrain's per-op breakdown (from its
-# trace). BUILD (default build-cuda) is a CUDA build of meshtrain; STEPS (default 12) per run.
+# trace). BUILD (default build-cuda) is a CUDA build of meshtrain; STEPS (default 12) per run;
+# MT_ARGS: extra meshtrain overrides (say, --training.dataset tokens --training.dataset_path F.bin
+# on a machine without the fortunes package; the data does not change the step time).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-outputs/bench_e2e}
@@ -17,7 +19,7 @@ for flavor in $FLAVORS; do
   dump="$OUT/mt_$flavor"
   echo "== meshtrain $flavor"
   if "$BUILD/meshtrain" train --config "${CONFIG[$flavor]}" --job.dump_folder "$dump" \
-       --training.steps "$STEPS" --profiling.profile_freq "$STEPS" > "$OUT/mt_$flavor.log" 2>&1; then
+       --training.steps "$STEPS" --profiling.profile_freq "$STEPS" ${MT_ARGS:-} > "$OUT/mt_$flavor.log" 2>&1; then
     python3 bench/e2e/report.py meshtrain "$flavor" "$dump" >> "$OUT/results.jsonl"
   else
     tail -3 "$OUT/mt_$flavor.log"

@@ -78,9 +78,12 @@ std::vector<StepRecord> run(const JobConfig& cfg) {
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
+const std::vector<std::string> kFp32 = {"--training.mixed_precision_param", "float32"};
+const std::vector<std::string> kBf16 = {"--training.mixed_precision_param", "bfloat16"};
+
 void expect_fp32_cuda_matches_cpu(const std::string& model) {
-  std::vector<StepRecord> cpu = run(debug_job(model, "cpu", 5));
-  std::vector<StepRecord> gpu = run(debug_job(model, "cuda", 5));
+  std::vector<StepRecord> cpu = run(debug_job(model, "cpu", 5, kFp32));
+  std::vector<StepRecord> gpu = run(debug_job(model, "cuda", 5, kFp32));
   ASSERT_EQ(cpu.size(), gpu.size());
   for (size_t i = 0; i < cpu.size(); ++i) {
     EXPECT_LE(rel(gpu[i].loss, cpu[i].loss), kFp32Tol)
@@ -94,9 +97,8 @@ void expect_fp32_cuda_matches_cpu(const std::string& model) {
 
 void expect_bf16_tracks_fp32(const std::string& model) {
   const int steps = 50;
-  std::vector<StepRecord> f32 = run(debug_job(model, "cuda", steps));
-  std::vector<StepRecord> b16 =
-      run(debug_job(model, "cuda", steps, {"--training.mixed_precision_param", "bfloat16"}));
+  std::vector<StepRecord> f32 = run(debug_job(model, "cuda", steps, kFp32));
+  std::vector<StepRecord> b16 = run(debug_job(model, "cuda", steps, kBf16));
   ASSERT_EQ(f32.size(), b16.size());
   double sum = 0, worst = 0;
   for (size_t i = 0; i < f32.size(); ++i) {
@@ -111,6 +113,7 @@ void expect_bf16_tracks_fp32(const std::string& model) {
   EXPECT_LE(mean, kBf16MeanTol) << model << ": mean relative loss difference";
   EXPECT_LT(f32.back().loss, 0.8 * f32.front().loss) << model << " fp32 must learn";
   EXPECT_LT(b16.back().loss, 0.8 * b16.front().loss) << model << " bf16 must learn";
+  std::fflush(stdout);
   std::printf("[ bf16 vs fp32 ] %s: %d steps, mean rel diff %.2e, worst %.2e, loss %.4f -> %.4f "
               "(fp32 %.4f -> %.4f)\n",
               model.c_str(), steps, mean, worst, b16.front().loss, b16.back().loss,

@@ -59,21 +59,6 @@ cublasLtHandle_t lt_handle(int device) {
   return h;
 }
 
-cublasHandle_t blas_handle(int device) {
-  static std::mutex mu;
-  static std::map<int, cublasHandle_t> handles;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
-  DeviceGuard guard(device);
-  cublasHandle_t h = nullptr;
-  CUBLAS_CHECK(cublasCreate(&h));
-  // Split-K partials stay in the accumulation type (accuracy, and parity with the Lt path).
-  CUBLAS_CHECK(cublasSetMathMode(
-      h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-  handles.emplace(device, h);
-  return h;
-}
 
 cudaDataType_t element_type(DType d) {
   switch (d) {
@@ -103,6 +88,22 @@ int log2_of(uint32_t pow2) {
 }
 
 }  // namespace
+
+cublasHandle_t blas_handle(int device) {
+  static std::mutex mu;
+  static std::map<int, cublasHandle_t> handles;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  DeviceGuard guard(device);
+  cublasHandle_t h = nullptr;
+  CUBLAS_CHECK(cublasCreate(&h));
+  // Split-K partials stay in the accumulation type (accuracy, and parity with the Lt path).
+  CUBLAS_CHECK(cublasSetMathMode(
+      h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  handles.emplace(device, h);
+  return h;
+}
 
 struct GemmPlan::Impl {
   struct Choice {

@@ -4,6 +4,7 @@
 // sums are rounded to the output type or ordered through counters.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -66,5 +67,9 @@ class GemmPlan {
 // Plans are cached per (device, problem, workspace): nodes with equal shapes share one.
 std::shared_ptr<const GemmPlan> gemm_plan(int device, const GemmProblem& problem,
                                           size_t max_workspace);
+
+// The classic cuBLAS handle of `device` (created on first use, never destroyed; math mode keeps
+// split-K partials in the accumulation type). Callers set its stream and workspace per call.
+cublasHandle_t blas_handle(int device);
 
 }  // namespace meshtrain::cuda
