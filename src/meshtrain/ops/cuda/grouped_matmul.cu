@@ -1,23 +1,26 @@
 // CUDA grouped GEMMs of the routed experts: one cuBLAS GEMM per non-empty expert on its group's
 // rows (bf16 operands with fp32 accumulation, exact fp32 with CUBLAS_COMPUTE_32F — never TF32 —,
-// fp64), then one small kernel that writes zeros into the rows outside every group (padding and
-// slack), so no memset of the whole buffer. grouped_matmul_wgrad zeroes only the experts that
-// received no rows.
+// fp64), spread over a few streams so several experts' tiles share the GPU; one small kernel
+// writes zeros into the rows outside every group (padding and slack), so no memset of the whole
+// buffer. grouped_matmul_wgrad zeroes only the experts that received no rows.
 //
 // Host sync: cuBLAS takes each GEMM's extents on the host, and the group counts are data (the
-// router's choices of this step). Each launch copies the [2, E] groups into a pinned host buffer
-// made once per node when the executor prepares the graph, and synchronises the node's stream
-// before issuing the per-expert GEMMs — the same reason expert parallelism reads its split sizes
-// on the host. The GPU idles only for the copy and the first launch after it (tens of µs against
-// milliseconds of expert GEMMs). A device-side grouped kernel that reads the groups itself is the
-// way to remove it.
+// router's choices of this step). When the groups come from moe_dispatch_plan, the plan has
+// published a pinned copy (host_groups.h) and the host waits for that plan's event only: the GPU
+// keeps running what was queued after the plan, and in backward the event is long done. Groups
+// made elsewhere (the expert-parallel exchange's local groups) are copied here with a sync of
+// the node's stream — the same reason expert parallelism reads its split sizes on the host. A
+// device-side grouped kernel that reads the groups itself is the way to remove the wait.
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "meshtrain/ops/cuda/cublaslt_matmul.h"
 #include "meshtrain/ops/cuda/cuda_kernel.h"
+#include "meshtrain/ops/cuda/host_groups.h"
 #include "meshtrain/ops/grouped_matmul.h"
 
 namespace meshtrain::cuda {
@@ -61,46 +64,136 @@ void check_host_groups(const int32_t* g, int64_t e, int64_t rows, const char* op
   }
 }
 
-// Per-node state made at prepare time: the pinned copy of the groups and the cuBLAS handle.
+// Expert GEMMs run on kSlots streams forked from the node's stream, so that the tiles of several
+// experts share the GPU (one expert's GEMM of ~1.5k rows fills only part of it); each slot has its
+// own cuBLAS handle and its own slice of the node's workspace. Experts go to the slot with the
+// fewest rows so far (lower slot on ties): a fixed function of the counts, so runs repeat.
+constexpr int kSlots = 4;
+
+struct SlotStreams {
+  cudaStream_t stream[kSlots] = {};
+  cublasHandle_t handle[kSlots] = {};
+};
+
+// Per device, made when the first grouped GEMM is prepared and never destroyed (as the cuBLAS
+// handles: the context may be gone before static destructors run).
+const SlotStreams& slot_streams(int device) {
+  static std::mutex mu;
+  static std::map<int, SlotStreams*> all;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = all.find(device);
+  if (it != all.end()) return *it->second;
+  auto* s = new SlotStreams;
+  int priority_low = 0, priority_high = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&priority_low, &priority_high));
+  for (int i = 0; i < kSlots; ++i) {
+    CUDA_CHECK(cudaStreamCreateWithPriority(&s->stream[i], cudaStreamNonBlocking, priority_low));
+    CUBLAS_CHECK(cublasCreate(&s->handle[i]));
+    CUBLAS_CHECK(cublasSetMathMode(
+        s->handle[i],
+        cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    CUBLAS_CHECK(cublasSetStream(s->handle[i], s->stream[i]));
+  }
+  all.emplace(device, s);
+  return *s;
+}
+
+// Per-node state made at prepare time: where the host gets the groups, the fork/join events.
 struct GroupedState {
   int device = 0;
   int64_t experts = 0;
-  int32_t* host_groups = nullptr;  // pinned, [2, E]
-  cublasHandle_t handle = nullptr;
   DType dtype = DType::kF32;
-  GroupedState(int64_t e, DType dt) : experts(e), dtype(dt) {
+  std::shared_ptr<HostGroups> published;  // the plan's copy, or null: read here, with a sync
+  int32_t* own = nullptr;                 // pinned [2, E] when not published
+  const SlotStreams* slots = nullptr;
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join[kSlots] = {};
+  int64_t slot_rows[kSlots] = {};
+  bool slot_used[kSlots] = {};
+
+  GroupedState(const Graph& graph, ValueId groups, int64_t e, DType dt) : experts(e), dtype(dt) {
     CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaMallocHost(&host_groups, size_t(2 * std::max<int64_t>(e, 1)) * 4));
-    handle = blas_handle(device);
+    if (groups_published(graph, groups))
+      published = host_groups_of(graph, groups, e);
+    else
+      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&own),
+                                size_t(2 * std::max<int64_t>(e, 1)) * 4));
+    slots = &slot_streams(device);
+    CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    for (auto& ev : join) CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   }
-  ~GroupedState() { cudaFreeHost(host_groups); }
+  ~GroupedState() {
+    if (own) cudaFreeHost(own);
+    cudaEventDestroy(fork);
+    for (auto& ev : join) cudaEventDestroy(ev);
+  }
   GroupedState(const GroupedState&) = delete;
   GroupedState& operator=(const GroupedState&) = delete;
 
-  // Copies the groups to the host and binds the handle to the node's stream and workspace.
-  void begin(KernelContext& c, const Tensor& groups, int64_t rows, const char* op) {
-    cudaStream_t s = stream_of(c);
-    CUDA_CHECK(cudaMemcpyAsync(host_groups, groups.raw(), size_t(2 * experts) * 4,
-                               cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));  // see the header comment
-    check_host_groups(host_groups, experts, rows, op);
-    CUBLAS_CHECK(cublasSetStream(handle, s));
-    // cublasSetStream resets the workspace to cuBLAS's own pool: set the plan's after it.
-    CUBLAS_CHECK(cublasSetWorkspace(handle, c.workspace.defined() ? c.workspace.raw() : nullptr,
-                                    c.workspace.defined() ? c.workspace.nbytes() : 0));
+  // The groups on the host, checked against the buffer's rows. Host sync: see the file comment.
+  const int32_t* host_groups(KernelContext& c, const Tensor& groups, int64_t rows,
+                             const char* op) {
+    const int32_t* g = nullptr;
+    if (published) {
+      CUDA_CHECK(cudaEventSynchronize(published->ready));  // waits for the plan only
+      g = published->pinned;
+    } else {
+      cudaStream_t s = stream_of(c);
+      CUDA_CHECK(cudaMemcpyAsync(own, groups.raw(), size_t(2 * experts) * 4,
+                                 cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));  // groups made by an exchange op: see the file comment
+      g = own;
+    }
+    check_host_groups(g, experts, rows, op);
+    return g;
   }
 
-  // Column-major C[m, n] = op(A) op(B) with beta 0.
-  void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+  // Forks the slots off the node's stream and hands each its slice of the workspace.
+  void fork_slots(KernelContext& c) {
+    CUDA_CHECK(cudaEventRecord(fork, stream_of(c)));
+    const size_t total = c.workspace.defined() ? c.workspace.nbytes() : 0;
+    const size_t slice = total / kSlots / 256 * 256;
+    char* ws = c.workspace.defined() ? static_cast<char*>(c.workspace.raw()) : nullptr;
+    for (int i = 0; i < kSlots; ++i) {
+      slot_rows[i] = 0;
+      slot_used[i] = false;
+      CUBLAS_CHECK(cublasSetWorkspace(slots->handle[i], ws ? ws + size_t(i) * slice : nullptr,
+                                      ws ? slice : 0));
+    }
+  }
+  // The slot for the next expert of `rows` rows (waits on the fork the first time it is used).
+  int pick_slot(int64_t rows) {
+    int best = 0;
+    for (int i = 1; i < kSlots; ++i)
+      if (slot_rows[i] < slot_rows[best]) best = i;
+    slot_rows[best] += rows;
+    if (!slot_used[best]) {
+      CUDA_CHECK(cudaStreamWaitEvent(slots->stream[best], fork, 0));
+      slot_used[best] = true;
+    }
+    return best;
+  }
+  // The node's stream waits for every slot that ran a GEMM.
+  void join_slots(KernelContext& c) {
+    for (int i = 0; i < kSlots; ++i) {
+      if (!slot_used[i]) continue;
+      CUDA_CHECK(cudaEventRecord(join[i], slots->stream[i]));
+      CUDA_CHECK(cudaStreamWaitEvent(stream_of(c), join[i], 0));
+    }
+  }
+
+  // Column-major C[m, n] = op(A) op(B) with beta 0, on slot `slot`.
+  void gemm(int slot, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
             const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc) const {
     const float alpha32 = 1.0f, beta32 = 0.0f;
     const double alpha64 = 1.0, beta64 = 0.0;
     const bool f64 = dtype == DType::kF64;
     const cudaDataType_t t = cuda_type(dtype);
-    CUBLAS_CHECK(cublasGemmEx(
-        handle, ta, tb, int(m), int(n), int(k), f64 ? static_cast<const void*>(&alpha64) : &alpha32,
-        a, t, int(lda), b, t, int(ldb), f64 ? static_cast<const void*>(&beta64) : &beta32, c, t,
-        int(ldc), f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(slots->handle[slot], ta, tb, int(m), int(n), int(k),
+                              f64 ? static_cast<const void*>(&alpha64) : &alpha32, a, t, int(lda),
+                              b, t, int(ldb), f64 ? static_cast<const void*>(&beta64) : &beta32, c,
+                              t, int(ldc), f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
   }
 };
 
@@ -126,31 +219,34 @@ KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
   const TensorMeta& xm = graph.value(node.inputs.at(0)).meta;
   const TensorMeta& wm = graph.value(node.inputs.at(1)).meta;
   cuda_type(xm.dtype);
-  auto st = std::make_shared<GroupedState>(wm.shape[0], xm.dtype);
+  auto st = std::make_shared<GroupedState>(graph, node.inputs.at(2), wm.shape[0], xm.dtype);
   const bool tw = node.attrs.b("transpose_w");
   return [st, tw](KernelContext& c) {
     const int64_t rows = c.in[0].shape()[0], k = c.in[0].shape()[1];
     const int64_t e = st->experts, n = c.out[0].shape()[1];
     const size_t elem = dtype_size(st->dtype);
-    st->begin(c, c.in[2], rows, "grouped_matmul");
+    const int32_t* g = st->host_groups(c, c.in[2], rows, "grouped_matmul");
+    if (n > 0) launch_zero_outside(st->dtype, c.in[2], e, rows, n, c.out[0].raw(), stream_of(c));
+    st->fork_slots(c);
     const char* x = static_cast<const char*>(c.in[0].raw());
     const char* w = static_cast<const char*>(c.in[1].raw());
     char* y = static_cast<char*>(c.out[0].raw());
     for (int64_t ex = 0; ex < e; ++ex) {
-      const int64_t start = st->host_groups[ex], count = st->host_groups[e + ex];
+      const int64_t start = g[ex], count = g[e + ex];
       if (count == 0 || n == 0) continue;
       // Row-major y_e[count, n] = x_e[count, k] · op(w_e); column-major: y_eᵀ = op(w_e)ᵀ x_eᵀ.
       // w_e is [n, k] (tw: y = x wᵀ, cuBLAS A = w_e transposed, lda k) or [k, n] (lda n).
       const char* we = w + size_t(ex * n * k) * elem;
+      const int slot = st->pick_slot(count);
       if (k == 0) {
         CUDA_CHECK(cudaMemsetAsync(y + size_t(start * n) * elem, 0, size_t(count * n) * elem,
-                                   stream_of(c)));
+                                   st->slots->stream[slot]));
         continue;
       }
-      st->gemm(tw ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, we, tw ? k : n,
+      st->gemm(slot, tw ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, we, tw ? k : n,
                x + size_t(start * k) * elem, k, y + size_t(start * n) * elem, n);
     }
-    if (n > 0) launch_zero_outside(st->dtype, c.in[2], e, rows, n, y, stream_of(c));
+    st->join_slots(c);
   };
 }
 
@@ -158,17 +254,18 @@ KernelFn make_grouped_wgrad(const Node& node, const Graph& graph) {
   const TensorMeta& am = graph.value(node.inputs.at(0)).meta;
   const TensorMeta& gm = graph.value(node.inputs.at(2)).meta;
   cuda_type(am.dtype);
-  auto st = std::make_shared<GroupedState>(gm.shape[1], am.dtype);
+  auto st = std::make_shared<GroupedState>(graph, node.inputs.at(2), gm.shape[1], am.dtype);
   return [st](KernelContext& c) {
     const int64_t rows = c.in[0].shape()[0], p = c.in[0].shape()[1], q = c.in[1].shape()[1];
     const int64_t e = st->experts;
     const size_t elem = dtype_size(st->dtype);
-    st->begin(c, c.in[2], rows, "grouped_matmul_wgrad");
+    const int32_t* g = st->host_groups(c, c.in[2], rows, "grouped_matmul_wgrad");
+    st->fork_slots(c);
     const char* a = static_cast<const char*>(c.in[0].raw());
     const char* b = static_cast<const char*>(c.in[1].raw());
     char* out = static_cast<char*>(c.out[0].raw());
     for (int64_t ex = 0; ex < e; ++ex) {
-      const int64_t start = st->host_groups[ex], count = st->host_groups[e + ex];
+      const int64_t start = g[ex], count = g[e + ex];
       char* oe = out + size_t(ex * p * q) * elem;
       if (p == 0 || q == 0) continue;
       if (count == 0) {
@@ -178,9 +275,10 @@ KernelFn make_grouped_wgrad(const Node& node, const Graph& graph) {
       // Row-major out_e[p, q] = a_eᵀ b_e; column-major: out_eᵀ[q, p] = b_eᵀ · a_e, where b_e
       // stored row-major [count, q] is column-major b_eᵀ (ld q) and a_e is column-major a_eᵀ
       // (ld p), used transposed.
-      st->gemm(CUBLAS_OP_N, CUBLAS_OP_T, q, p, count, b + size_t(start * q) * elem, q,
+      st->gemm(st->pick_slot(count), CUBLAS_OP_N, CUBLAS_OP_T, q, p, count, b + size_t(start * q) * elem, q,
                a + size_t(start * p) * elem, p, oe, q);
     }
+    st->join_slots(c);
   };
 }
 

@@ -4,12 +4,14 @@
 // (2) one block turns the counts into the padded group starts (groups row 0), the totals (row 1)
 // and, per (chunk, expert), the first buffer row that chunk's choices of that expert take;
 // (3) one block per chunk ranks each choice among the earlier choices of the same expert in the
-// chunk (warp match masks, then a prefix over the warps) and writes its row.
+// chunk (warp match masks, then a prefix over the warps) and writes its row. The groups are then
+// copied to a pinned host buffer for the grouped GEMMs (host_groups.h).
 // moe_permute first inverts the row map (one int32 per buffer row, -1 for rows no choice maps
 // to), then writes every buffer row exactly once: the token's row (times its weight) or zeros.
 #include <algorithm>
 
 #include "meshtrain/ops/cuda/cuda_kernel.h"
+#include "meshtrain/ops/cuda/host_groups.h"
 #include "meshtrain/ops/cuda/moe_permute_workspace.h"
 #include "meshtrain/ops/moe_permute.h"
 
@@ -96,7 +98,7 @@ __global__ void dispatch_rank_kernel(const int32_t* __restrict__ ids, int64_t n,
                  in_warp;
 }
 
-void dispatch_plan(KernelContext& c) {
+void dispatch_plan(KernelContext& c, HostGroups& published) {
   const Attrs& a = c.attrs();
   const int64_t n = c.in[0].numel(), e = a.i("num_experts"), align = a.i("alignment");
   const int64_t chunks = dispatch_chunks(n);
@@ -121,6 +123,16 @@ void dispatch_plan(KernelContext& c) {
                                                                            row_map);
     CUDA_CHECK_LAUNCH("moe_dispatch_plan_rank");
   }
+  // Publish the groups for the grouped GEMMs (host_groups.h): a pinned copy and its event.
+  CUDA_CHECK(cudaMemcpyAsync(published.pinned, groups, size_t(2 * e) * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaEventRecord(published.ready, s));
+}
+
+KernelFn make_dispatch_plan(const Node& node, const Graph& graph) {
+  std::shared_ptr<HostGroups> published =
+      host_groups_of(graph, node.outputs.at(1), node.attrs.i("num_experts"));
+  return [published](KernelContext& c) { dispatch_plan(c, *published); };
 }
 
 __global__ void fill_minus_one_kernel(int32_t* __restrict__ p, int64_t n) {
@@ -212,7 +224,8 @@ void permute(KernelContext& c) {
 }
 
 MT_REGISTER_OPS {
-  add_cuda_kernel("moe_dispatch_plan", dispatch_plan);
+  OpRegistry::instance().add_kernel_factory("moe_dispatch_plan", DeviceType::kCUDA,
+                                            make_dispatch_plan);
   add_cuda_kernel("moe_permute", permute);
 }
 
