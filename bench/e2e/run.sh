@@ -3,8 +3,10 @@
 # torch.compile) on the same shapes — DeepSeek-V3 16B and Llama-3 8B cut to 4 layers, local batch
 # 4 × seq 4096, bf16 — then the side-by-side table and meshtrain's per-op breakdown (from its
 # trace). BUILD (default build-cuda) is a CUDA build of meshtrain; STEPS (default 12) per run;
-# MT_ARGS: extra meshtrain overrides (say, --training.dataset tokens --training.dataset_path F.bin
-# on a machine without the fortunes package; the data does not change the step time).
+# MT_ARGS: extra meshtrain overrides. By default meshtrain reads a token file of uniform random
+# ids written here, the same synthetic data the PyTorch baseline draws: for a MoE model the data
+# matters (it decides how evenly tokens route, hence the expert GEMM shapes), so both sides see
+# the same kind. MT_ARGS="--training.dataset fortunes" measures on real text instead.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-outputs/bench_e2e}
@@ -13,6 +15,17 @@ STEPS=${STEPS:-12}
 FLAVORS=${FLAVORS:-"deepseek_v3_16b llama3_8b"}
 mkdir -p "$OUT"
 : > "$OUT/results.jsonl"
+if [ -z "${MT_ARGS:-}" ]; then
+  # llm.c's token file: a 256 × int32 header (magic 20240520, version 1, count), uint16 tokens.
+  python3 - "$OUT/random_tokens.bin" <<'PY'
+import os, struct, sys
+n = 4 * 4097 * 64
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(os.urandom(2 * n))
+PY
+  MT_ARGS="--training.dataset tokens --training.dataset_path $OUT/random_tokens.bin"
+fi
 declare -A CONFIG=([deepseek_v3_16b]=configs/bench_deepseek_v3_16b_4l.toml
                    [llama3_8b]=configs/bench_llama3_8b_4l.toml)
 for flavor in $FLAVORS; do

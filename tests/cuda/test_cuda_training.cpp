@@ -4,8 +4,8 @@
 //     gradient norms within 1e-4 relative for 5 steps (the bar; the kernels compute in
 //     fp32 with different summation orders, so bitwise equality is not expected);
 //   - the bfloat16 run (bf16 weights and activations, fp32 master weights and moments) tracks the
-//     float32 CUDA run for 50 steps: every step's loss within kBf16StepTol relative, the mean
-//     relative difference over the 50 steps within kBf16MeanTol, and both runs' losses fall.
+//     float32 CUDA run for 50 steps: every step's loss and the mean relative difference over the
+//     50 steps within the model's TrackingBar, and both runs' losses fall.
 // The corpus is the repository's own documentation (the `text` dataset), so the test needs no
 // package that a GPU machine may lack: $MESHTRAIN_SOURCE_DIR (set by ctest), else the working
 // directory, must hold ARCHITECTURE.md.
@@ -25,12 +25,20 @@
 namespace meshtrain {
 namespace {
 
-// bf16 vs fp32 over 50 steps. bf16 rounds every stored activation and gathered weight (2^-9
-// relative); the loss itself is a mean over all tokens, so per-step differences stay near 1e-3
-// early and grow as the two trajectories drift apart with training (measured on an H200: see
-// bench/RESULTS.md); these bounds leave a few times that margin.
-constexpr double kBf16StepTol = 0.05;
-constexpr double kBf16MeanTol = 0.02;
+// bf16 vs fp32 over 50 steps: the per-step bound and the bound on the mean relative difference.
+// bf16 rounds every stored activation and gathered weight (2^-9 relative), and the two runs drift
+// apart as they train. Measured on an H200 (2026-12-02): llama3 mean 2.0e-4, worst 7.9e-4 at lr
+// 8e-4; DeepSeek-V3 mean 4.1e-4, worst 1.2e-3 at lr 3e-4. DeepSeek runs at the lower rate with a
+// longer warm-up because routing is discontinuous (a token whose best experts swap changes its
+// layer output outright): at lr 8e-4 its early loss spikes landed on different steps in the two
+// runs (one bf16 spike 39% above fp32). The bounds leave about eight times the measured values.
+struct TrackingBar {
+  std::vector<std::string> lr;
+  double step_tol, mean_tol;
+};
+const TrackingBar kLlamaBar{{}, 1e-2, 2e-3};
+const TrackingBar kDeepSeekBar{{"--optimizer.lr", "3e-4", "--lr_scheduler.warmup_steps", "10"},
+                               1e-2, 3e-3};
 constexpr double kFp32Tol = 1e-4;
 
 Runtime& runtime() {
@@ -95,10 +103,14 @@ void expect_fp32_cuda_matches_cpu(const std::string& model) {
   }
 }
 
-void expect_bf16_tracks_fp32(const std::string& model) {
+void expect_bf16_tracks_fp32(const std::string& model, const TrackingBar& bar) {
   const int steps = 50;
-  std::vector<StepRecord> f32 = run(debug_job(model, "cuda", steps, kFp32));
-  std::vector<StepRecord> b16 = run(debug_job(model, "cuda", steps, kBf16));
+  auto with = [&](std::vector<std::string> o) {
+    o.insert(o.end(), bar.lr.begin(), bar.lr.end());
+    return o;
+  };
+  std::vector<StepRecord> f32 = run(debug_job(model, "cuda", steps, with(kFp32)));
+  std::vector<StepRecord> b16 = run(debug_job(model, "cuda", steps, with(kBf16)));
   ASSERT_EQ(f32.size(), b16.size());
   double sum = 0, worst = 0;
   for (size_t i = 0; i < f32.size(); ++i) {
@@ -106,11 +118,11 @@ void expect_bf16_tracks_fp32(const std::string& model) {
     double r = rel(b16[i].loss, f32[i].loss);
     sum += r;
     worst = std::max(worst, r);
-    EXPECT_LE(r, kBf16StepTol) << model << " step " << i + 1 << ": bf16 loss " << b16[i].loss
+    EXPECT_LE(r, bar.step_tol) << model << " step " << i + 1 << ": bf16 loss " << b16[i].loss
                                << ", fp32 " << f32[i].loss;
   }
   double mean = sum / double(f32.size());
-  EXPECT_LE(mean, kBf16MeanTol) << model << ": mean relative loss difference";
+  EXPECT_LE(mean, bar.mean_tol) << model << ": mean relative loss difference";
   EXPECT_LT(f32.back().loss, 0.8 * f32.front().loss) << model << " fp32 must learn";
   EXPECT_LT(b16.back().loss, 0.8 * b16.front().loss) << model << " bf16 must learn";
   std::fflush(stdout);
@@ -126,10 +138,10 @@ TEST(CudaTraining, DeepSeekV3DebugFp32MatchesCpuFor5Steps) {
   expect_fp32_cuda_matches_cpu("deepseek_v3");
 }
 
-TEST(CudaTraining, Llama3DebugBf16TracksFp32For50Steps) { expect_bf16_tracks_fp32("llama3"); }
+TEST(CudaTraining, Llama3DebugBf16TracksFp32For50Steps) { expect_bf16_tracks_fp32("llama3", kLlamaBar); }
 
 TEST(CudaTraining, DeepSeekV3DebugBf16TracksFp32For50Steps) {
-  expect_bf16_tracks_fp32("deepseek_v3");
+  expect_bf16_tracks_fp32("deepseek_v3", kDeepSeekBar);
 }
 
 }  // namespace

@@ -39,7 +39,12 @@ ValueId sum(Builder& b, ValueId x) { return b.op1("sum", {x}); }
 ValueId expand_scalar(Builder& b, ValueId x, const Shape& shape) {
   return b.op1("expand_scalar", {x}, {{"shape", shape.dims()}});
 }
-void accumulate(Builder& b, ValueId dst, ValueId src) { b.op("accumulate", {dst, src}); }
+void accumulate(Builder& b, ValueId dst, ValueId src, bool overwrite) {
+  if (overwrite)
+    b.op("accumulate", {dst, src}, {{"overwrite", int64_t(1)}});
+  else
+    b.op("accumulate", {dst, src});
+}
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();

@@ -23,6 +23,8 @@ ValueId sum(Builder& b, ValueId x);
 // Broadcast a [1] tensor to `shape` (the backward of sum).
 ValueId expand_scalar(Builder& b, ValueId x, const Shape& shape);
 // dst += src in place; dst is persistent (a gradient accumulator or a counter). No outputs.
-void accumulate(Builder& b, ValueId dst, ValueId src);
+// overwrite: dst = src instead (the only micro-batch of a step writes its gradients outright, so
+// they need no zeroing and no read). src may be bfloat16 for a float32/float64 dst.
+void accumulate(Builder& b, ValueId dst, ValueId src, bool overwrite = false);
 
 }  // namespace meshtrain::ops

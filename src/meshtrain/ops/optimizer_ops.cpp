@@ -16,7 +16,8 @@ void adamw_update(Builder& b, ValueId param, ValueId grad, ValueId exp_avg, Valu
         {"beta2", p.beta2},
         {"eps", p.eps},
         {"weight_decay", p.weight_decay},
-        {"max_norm", p.max_norm}});
+        {"max_norm", p.max_norm},
+        {"reset_grad", int64_t(p.reset_grad)}});
 }
 
 double clip_coefficient(double total_norm, double max_norm) {

@@ -13,9 +13,12 @@ ValueId sum_squares(Builder& b, ValueId x);
 struct AdamWParams {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double max_norm = 1.0;  // <= 0: no clipping
+  // Zero the gradient after the update, for the next step's accumulation. false when every
+  // step's gradients are written outright (one micro-batch: accumulate with overwrite).
+  bool reset_grad = true;
 };
 
-// In place on param, exp_avg, exp_avg_sq; sets grad to zero afterwards. total_norm_sq [1] f64 is
+// In place on param, exp_avg, exp_avg_sq; sets grad to zero afterwards (unless !reset_grad). total_norm_sq [1] f64 is
 // the global squared gradient norm (on the device); the learning rate and the 1-based step are
 // host scalars (graph slots) read at launch.
 void adamw_update(Builder& b, ValueId param, ValueId grad, ValueId exp_avg, ValueId exp_avg_sq,

@@ -23,7 +23,8 @@ class Optimizer {
  public:
   Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend& backend,
             ExecServices* services, const LoadBalanceOptions& load_balance = {});
-  // Enqueues optimizer step `step` (1-based) with learning rate `lr`; gradients are zero after.
+  // Enqueues optimizer step `step` (1-based) with learning rate `lr`; gradients are zero after
+  // (unless AdamWParams::reset_grad is false: the next step overwrites them).
   void step(int64_t step, double lr);
   // Global gradient norm (before clipping) of the last step; reads it back (a host sync).
   double last_grad_norm();

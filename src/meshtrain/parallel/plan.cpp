@@ -187,7 +187,7 @@ std::vector<ValueId> ParallelPlan::trainable_masters() const {
   return out;
 }
 
-void ParallelPlan::attach_gradients(Builder& b, const GradientMap& grads) {
+void ParallelPlan::attach_gradients(Builder& b, const GradientMap& grads, bool overwrite) {
   for (ParamInfo& p : params_) {
     if (!p.trainable) continue;
     ValueId g = grads.grad_of(p.master);
@@ -196,7 +196,17 @@ void ParallelPlan::attach_gradients(Builder& b, const GradientMap& grads) {
                "model code",
                p.name);
     p.grad = b.persistent(p.name + ".grad", {p.local_shape, p.dtype}, ValueRole::kGradient);
-    ops::accumulate(b, p.grad, g);
+    // Under mixed precision the gradient arrives as cast(bf16 gradient -> master dtype), the
+    // backward of the compute-dtype cast. accumulate adds the bf16 values themselves (the same
+    // floats: widening bf16 is exact), saving a pass over memory; the cast, then unused, goes
+    // with the dead nodes.
+    const Graph& graph = b.graph();
+    const NodeId from = graph.value(g).producer;
+    if (from != kNoNode && graph.node(from).op == "cast" &&
+        b.dtype(graph.node(from).inputs.at(0)) == DType::kBF16 &&
+        (p.dtype == DType::kF32 || p.dtype == DType::kF64))
+      g = graph.node(from).inputs.at(0);
+    ops::accumulate(b, p.grad, g, overwrite);
   }
 }
 

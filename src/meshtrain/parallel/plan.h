@@ -98,7 +98,8 @@ class ParallelPlan {
   const std::vector<LoadBalanceLayer>& load_balance_layers() const { return load_balance_; }
 
   // After autodiff: appends `accumulate(grad_buffer, grad)` sinks for every trainable param.
-  void attach_gradients(Builder& b, const GradientMap& grads);
+  // overwrite: one micro-batch per step, so the gradients are written outright (no zeroing).
+  void attach_gradients(Builder& b, const GradientMap& grads, bool overwrite = false);
   std::vector<ValueId> trainable_masters() const;
 
   const std::vector<ParamInfo>& params() const { return params_; }

@@ -54,7 +54,7 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
 
   GradientMap grads = differentiate(g, sg->loss, sg->plan->trainable_masters());
   Builder bb(g, NodePhase::kBackward);
-  sg->plan->attach_gradients(bb, grads);
+  sg->plan->attach_gradients(bb, grads, o.overwrite_grads);
   eliminate_dead_nodes(g);
 
   // Activation checkpointing first: the reshard pass then also re-gathers the weights that

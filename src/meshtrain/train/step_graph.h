@@ -33,6 +33,9 @@ struct StepGraphOptions {
   DType compute_dtype = DType::kF32;
   DType master_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
+  // One micro-batch per optimizer step: gradients are written, not accumulated, and the
+  // optimizer leaves them as they are (AdamWParams::reset_grad false).
+  bool overwrite_grads = false;
 };
 
 // [parallelism] degrees as ParallelDims for a world of `world` ranks (not yet validated).

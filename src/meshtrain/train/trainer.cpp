@@ -92,7 +92,8 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
                                                             int64_t(loader_->max_token_id()) + 1),
                       .compute_dtype = compute_dtype_,
                       .master_dtype = master_dtype_,
-                      .reduce_dtype = reduce_dtype_};
+                      .reduce_dtype = reduce_dtype_,
+                      .overwrite_grads = accum_steps_ == 1};
   std::unique_ptr<StepGraph> sg = build_step_graph(cfg_, layout_.get(), so);
   graph_ = std::move(sg->graph);
   model_ = std::move(sg->model);
@@ -128,7 +129,8 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
                       .beta2 = cfg_.optimizer.beta2,
                       .eps = cfg_.optimizer.eps,
                       .weight_decay = cfg_.optimizer.weight_decay,
-                      .max_norm = cfg_.training.max_norm};
+                      .max_norm = cfg_.training.max_norm,
+                      .reset_grad = accum_steps_ > 1};
   // Tokens differ across the data-parallel and context-parallel ranks (the "loss" group): the
   // expert counts are summed over it before the bias update, as torchtitan does.
   // With ETP = 1 and tp > 1 routing runs on sequence-parallel token shards, so tp ranks saw other

@@ -2,6 +2,8 @@
 // converts to and from bfloat16 with round-to-nearest-even).
 #include <cstring>
 
+#include <algorithm>
+
 #include "meshtrain/ops/cpu/cpu_kernel.h"
 
 namespace meshtrain::cpu {
@@ -103,9 +105,11 @@ MT_REGISTER_OPS {
   add_cpu_kernel("accumulate", [](KernelContext& c) {
     const Tensor& dst = c.in[0];
     const Tensor& src = c.in[1];
+    const bool overwrite = c.attrs().b("overwrite");
     MT_DISPATCH_FLOAT(dst.dtype(), "accumulate", [&] {
       scalar_t* d = inout_ptr<scalar_t>(c, 0);
       int64_t n = dst.numel();
+      if (overwrite) std::fill_n(d, n, scalar_t(0));  // then add: one code path, same values
       if (src.dtype() == dst.dtype()) {
         const scalar_t* s = in_ptr<scalar_t>(c, 1);
         for (int64_t i = 0; i < n; ++i) d[i] += s[i];

@@ -10,7 +10,7 @@ namespace {
 
 template <typename T>
 void adamw(T* p, T* g, T* m, T* v, int64_t n, double lr, double b1, double b2, double eps,
-           double wd, double clip, int64_t step) {
+           double wd, double clip, int64_t step, bool reset_grad) {
   const double bc1 = 1.0 - std::pow(b1, double(step));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step)));
   const T step_size = T(lr / bc1);
@@ -24,7 +24,7 @@ void adamw(T* p, T* g, T* m, T* v, int64_t n, double lr, double b1, double b2, d
     v[i] = v[i] * tb2 + ob2 * gi * gi;
     T denom = std::sqrt(v[i]) * inv_bc2 + teps;
     p[i] -= step_size * m[i] / denom;
-    g[i] = T(0);
+    if (reset_grad) g[i] = T(0);
   }
 }
 
@@ -46,7 +46,7 @@ MT_REGISTER_OPS {
     MT_DISPATCH_FLOAT(c.in[0].dtype(), "adamw_update", [&] {
       adamw(inout_ptr<scalar_t>(c, 0), inout_ptr<scalar_t>(c, 1), inout_ptr<scalar_t>(c, 2),
             inout_ptr<scalar_t>(c, 3), c.in[0].numel(), lr, a.f("beta1"), a.f("beta2"),
-            a.f("eps"), a.f("weight_decay"), clip, step);
+            a.f("eps"), a.f("weight_decay"), clip, step, a.b("reset_grad", true));
     });
   });
 }

@@ -183,28 +183,30 @@ __global__ void expand_scalar_kernel(const T* __restrict__ x, T* __restrict__ ou
 }
 
 template <typename D, typename S>
-__global__ void accumulate_kernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n) {
+__global__ void accumulate_kernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n,
+                                  bool overwrite) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[i] += D(to_acc(src[i]));
+    dst[i] = overwrite ? D(to_acc(src[i])) : dst[i] + D(to_acc(src[i]));
 }
 
 template <typename D>
-void launch_accumulate(const Tensor& dst, const Tensor& src, cudaStream_t s) {
+void launch_accumulate(const Tensor& dst, const Tensor& src, bool overwrite, cudaStream_t s) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   D* d = static_cast<D*>(dst.raw());
   switch (src.dtype()) {
     case DType::kF32:
       accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const float*>(src.raw()),
-                                                         n);
+                                                         n, overwrite);
       break;
     case DType::kF64:
       accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const double*>(src.raw()),
-                                                         n);
+                                                         n, overwrite);
       break;
     case DType::kBF16:
-      accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const bf16*>(src.raw()), n);
+      accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const bf16*>(src.raw()), n,
+                                                         overwrite);
       break;
     default:
       MT_THROW(ValueError, "accumulate (cuda): source must be floating, found {}", src.dtype());
@@ -254,8 +256,10 @@ MT_REGISTER_OPS {
   });
   add_cuda_kernel("accumulate", [](KernelContext& c) {
     switch (c.in[0].dtype()) {
-      case DType::kF32: return launch_accumulate<float>(c.in[0], c.in[1], stream_of(c));
-      case DType::kF64: return launch_accumulate<double>(c.in[0], c.in[1], stream_of(c));
+      case DType::kF32:
+        return launch_accumulate<float>(c.in[0], c.in[1], c.attrs().b("overwrite"), stream_of(c));
+      case DType::kF64:
+        return launch_accumulate<double>(c.in[0], c.in[1], c.attrs().b("overwrite"), stream_of(c));
       default:
         MT_THROW(ValueError, "accumulate (cuda): destination must be float32 or float64, found {}",
                  c.in[0].dtype());

@@ -15,6 +15,7 @@ template <typename T>
 struct AdamWArgs {
   T step_size, decay, one_minus_b1, b2, one_minus_b2, eps, inv_bc2;
   double max_norm;
+  bool reset_grad;
 };
 
 // torchtitan / torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)).
@@ -32,7 +33,7 @@ __device__ __forceinline__ void adamw_one(T& p, T& g, T& m, T& v, T clip, const 
   v = v * a.b2 + a.one_minus_b2 * gi * gi;
   const T denom = sqrt(v) * a.inv_bc2 + a.eps;
   p -= a.step_size * m / denom;
-  g = T(0);
+  if (a.reset_grad) g = T(0);
 }
 
 template <int V, typename T>
@@ -51,7 +52,7 @@ __global__ void adamw_kernel(T* __restrict__ p, T* __restrict__ g, T* __restrict
 #pragma unroll
     for (int k = 0; k < V; ++k) adamw_one(pp.v[k], pg.v[k], pm.v[k], pv.v[k], clip, a);
     reinterpret_cast<Pack<T, V>*>(p)[i] = pp;
-    reinterpret_cast<Pack<T, V>*>(g)[i] = pg;
+    if (a.reset_grad) reinterpret_cast<Pack<T, V>*>(g)[i] = pg;
     reinterpret_cast<Pack<T, V>*>(m)[i] = pm;
     reinterpret_cast<Pack<T, V>*>(v)[i] = pv;
   }
@@ -71,7 +72,8 @@ void adamw(KernelContext& c) {
   AdamWArgs<T> a{T(lr / bc1),       T(1.0 - lr * at.f("weight_decay")),
                  T(1.0 - b1),       T(b2),
                  T(1.0 - b2),       T(at.f("eps")),
-                 T(1.0 / bc2_sqrt), at.f("max_norm")};
+                 T(1.0 / bc2_sqrt), at.f("max_norm"),
+                 at.b("reset_grad", true)};
   T* p = inout_ptr<T>(c, 0);
   T* g = inout_ptr<T>(c, 1);
   T* m = inout_ptr<T>(c, 2);
