@@ -9,6 +9,18 @@ void check_groups(const TensorMeta& g, int64_t experts, const char* op) {
              experts, g.dtype, g.shape);
 }
 
+void check_group_rows(const int32_t* g, int64_t e, int64_t rows, const char* op) {
+  int64_t end = 0;
+  for (int64_t x = 0; x < e; ++x) {
+    const int64_t start = g[x], count = g[e + x];
+    MT_CHECK_T(ValueError, count >= 0 && start >= end && start + count <= rows,
+               "{}: expert {} group [{}, {}) is not inside the buffer's {} rows after the previous "
+               "group's end {}",
+               op, x, start, start + count, rows, end);
+    end = start + count;
+  }
+}
+
 namespace {
 
 std::vector<TensorMeta> infer_gmm(const std::vector<TensorMeta>& in, const Attrs& a) {

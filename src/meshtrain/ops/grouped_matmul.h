@@ -19,5 +19,8 @@ ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups);
 
 // Checks that a groups tensor is int32 [2, experts] (ShapeError naming the op).
 void check_groups(const TensorMeta& groups, int64_t experts, const char* op);
+// Checks host values of groups [2, E] against a buffer of `rows` rows: each group inside it and
+// after the previous one (ValueError naming the op and the expert). Both backends' kernels call it.
+void check_group_rows(const int32_t* groups, int64_t experts, int64_t rows, const char* op);
 
 }  // namespace meshtrain::ops

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "meshtrain/ops/cpu/cpu_kernel.h"
+#include "meshtrain/ops/grouped_matmul.h"
 
 namespace meshtrain::cpu {
 namespace {
@@ -20,19 +21,6 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
   else
     cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0,
                 c, int(ldc));
-}
-
-// Groups must lie inside the buffer and not overlap (start rows ascending by expert).
-void check_groups(const int32_t* g, int64_t e, int64_t rows, const char* op) {
-  int64_t end = 0;
-  for (int64_t x = 0; x < e; ++x) {
-    const int64_t start = g[x], count = g[e + x];
-    MT_CHECK_T(ValueError, count >= 0 && start >= end && start + count <= rows,
-               "{}: expert {} group [{}, {}) is not inside the buffer's {} rows after the previous "
-               "group's end {}",
-               op, x, start, start + count, rows, end);
-    end = start + count;
-  }
 }
 
 template <typename T>
@@ -63,7 +51,7 @@ MT_REGISTER_OPS {
     const Shape& ws = c.in[1].shape();
     const bool tw = c.attrs().b("transpose_w");
     const int64_t e = ws[0], n = c.out[0].shape()[1];
-    check_groups(in_ptr<int32_t>(c, 2), e, xs[0], "grouped_matmul");
+    ops::check_group_rows(in_ptr<int32_t>(c, 2), e, xs[0], "grouped_matmul");
     MT_DISPATCH_FLOAT(c.in[0].dtype(), "grouped_matmul", [&] {
       grouped(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<int32_t>(c, 2),
               out_ptr<scalar_t>(c, 0), e, xs[0], xs[1], n, tw);
@@ -73,7 +61,7 @@ MT_REGISTER_OPS {
     const Shape& as = c.in[0].shape();
     const Shape& bs = c.in[1].shape();
     const int64_t e = c.in[2].shape()[1];
-    check_groups(in_ptr<int32_t>(c, 2), e, as[0], "grouped_matmul_wgrad");
+    ops::check_group_rows(in_ptr<int32_t>(c, 2), e, as[0], "grouped_matmul_wgrad");
     MT_DISPATCH_FLOAT(c.in[0].dtype(), "grouped_matmul_wgrad", [&] {
       wgrad(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<int32_t>(c, 2),
             out_ptr<scalar_t>(c, 0), e, as[1], bs[1]);

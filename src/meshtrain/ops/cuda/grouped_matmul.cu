@@ -54,19 +54,6 @@ cudaDataType_t cuda_type(DType d) {
   }
 }
 
-// The groups must lie inside the buffer and not overlap, as the CPU kernel checks.
-void check_host_groups(const int32_t* g, int64_t e, int64_t rows, const char* op) {
-  int64_t end = 0;
-  for (int64_t x = 0; x < e; ++x) {
-    const int64_t start = g[x], count = g[e + x];
-    MT_CHECK_T(ValueError, count >= 0 && start >= end && start + count <= rows,
-               "{}: expert {} group [{}, {}) is not inside the buffer's {} rows after the previous "
-               "group's end {}",
-               op, x, start, start + count, rows, end);
-    end = start + count;
-  }
-}
-
 // Expert GEMMs run on kSlots streams forked from the node's stream, so that the tiles of several
 // experts share the GPU (one expert's GEMM of ~1.5k rows fills only part of it); each slot has its
 // own cuBLAS handle and its own slice of the node's workspace. Experts go to the slot with the
@@ -167,7 +154,7 @@ struct GroupedState {
       CUDA_CHECK(cudaStreamSynchronize(s));  // groups made by an exchange op: see the file comment
       g = own;
     }
-    check_host_groups(g, experts, rows, op);
+    ops::check_group_rows(g, experts, rows, op);
     return g;
   }
 
