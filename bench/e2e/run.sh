@@ -7,6 +7,7 @@
 # ids written here, the same synthetic data the PyTorch baseline draws: for a MoE model the data
 # matters (it decides how evenly tokens route, hence the expert GEMM shapes), so both sides see
 # the same kind. MT_ARGS="--training.dataset fortunes" measures on real text instead.
+# BASELINE=0 skips the PyTorch runs (meshtrain's rows and breakdown only, for quick iterations).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-outputs/bench_e2e}
@@ -38,6 +39,7 @@ for flavor in $FLAVORS; do
     tail -3 "$OUT/mt_$flavor.log"
     echo "{\"system\": \"meshtrain\", \"flavor\": \"$flavor\", \"error\": \"see mt_$flavor.log\"}" >> "$OUT/results.jsonl"
   fi
+  [ "${BASELINE:-1}" = 0 ] && continue
   echo "== pytorch $flavor"
   python3 bench/e2e/torch_baseline.py --flavor "$flavor" --n-layers 4 --batch 4 --seq-len 4096 \
     --steps 10 --warmup 3 >> "$OUT/results.jsonl" 2> "$OUT/torch_$flavor.err"

@@ -211,12 +211,14 @@ Tensor random_host(Shape s, DType dt, std::mt19937_64& rng, double lo, double hi
   return t;
 }
 
-TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16) {
+TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16AddOrOverwrite) {
   Backend& be = cuda_backend();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
+  for (bool overwrite : {false, true})
   for (DType src_dt : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(fmt::format("accumulate float32 += {} (seed {})", dtype_name(src_dt), seed));
+    SCOPED_TRACE(fmt::format("accumulate float32 {}= {} (seed {})", overwrite ? "" : "+",
+                             dtype_name(src_dt), seed));
     const Shape s{1031, 3};
     Tensor dst0 = random_host(s, DType::kF32, rng, -1, 1);
     Tensor src = random_host(s, src_dt, rng, -1, 1);
@@ -224,18 +226,18 @@ TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16) {
     Builder b(g);
     ValueId d = b.persistent("dst", {s, DType::kF32}, ValueRole::kState);
     ValueId x = b.input("src", {s, src_dt});
-    ops::accumulate(b, d, x);
+    ops::accumulate(b, d, x, overwrite);
     Tensor dd = to_device(be, dst0);
     Executor ex(g, plan_memory(g, DeviceType::kCUDA), be, nullptr);
     ex.bind(d, dd);
     ex.prepare();
     be.copy(ex.tensor(x).raw(), src.raw(), src.nbytes(), CopyKind::kHostToDevice, be.stream(0));
     ex.run();
-    ex.run();  // twice: dst += 2 src
+    ex.run();  // twice: dst += 2 src, or dst = src
     std::vector<double> got = host_values(to_host(be, dd));
     for (int64_t i = 0; i < s.numel(); ++i) {
-      const float want =
-          (dst0.data<float>()[i] + float(src.item_as_double(i))) + float(src.item_as_double(i));
+      const float x_i = float(src.item_as_double(i));
+      const float want = overwrite ? x_i : (dst0.data<float>()[i] + x_i) + x_i;
       ASSERT_EQ(float(got[size_t(i)]), want) << "element " << i;
     }
   }

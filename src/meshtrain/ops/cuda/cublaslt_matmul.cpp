@@ -3,9 +3,6 @@
 // classic-cuBLAS fallback for problems the Lt heuristic offers nothing for (odd leading dims).
 #include "meshtrain/ops/cuda/cublaslt_matmul.h"
 
-#include <cublasLt.h>
-#include <cublas_v2.h>
-
 #include <array>
 #include <climits>
 #include <map>
@@ -44,6 +41,19 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
+int log2_of(uint32_t pow2) {
+  int l = 0;
+  while ((1u << l) < pow2) ++l;
+  return l;
+}
+
+}  // namespace
+
+uint32_t pointer_alignment(const void* a, const void* b, const void* c) {
+  const uintptr_t bits = uintptr_t(a) | uintptr_t(b) | uintptr_t(c) | uintptr_t(256);
+  return uint32_t(bits & (~bits + 1));  // lowest set bit, at most 256
+}
+
 // One handle per device, created when the first plan is built (before step 1) and never destroyed:
 // at process exit the CUDA context may be gone before static destructors run.
 cublasLtHandle_t lt_handle(int device) {
@@ -58,7 +68,6 @@ cublasLtHandle_t lt_handle(int device) {
   handles.emplace(device, h);
   return h;
 }
-
 
 cudaDataType_t element_type(DType d) {
   switch (d) {
@@ -76,18 +85,46 @@ cublasComputeType_t compute_type(DType d) {
   return d == DType::kF64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
 }
 
-uint32_t pointer_alignment(const void* a, const void* b, const void* c) {
-  const uintptr_t bits = uintptr_t(a) | uintptr_t(b) | uintptr_t(c) | uintptr_t(256);
-  return uint32_t(bits & (~bits + 1));  // lowest set bit, at most 256
+LtChoice choose_lt_algorithm(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
+                             cublasLtMatrixLayout_t layout_a, cublasLtMatrixLayout_t layout_b,
+                             cublasLtMatrixLayout_t layout_c, size_t max_workspace,
+                             uint32_t alignment) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = max_workspace;
+  // Split-K only with fp32 partials in workspace reduced in a fixed order (COMPUTE_TYPE), or no
+  // split at all (NONE, which every mask admits). INPLACE and OUTPUT_TYPE round the partials to
+  // the output type (bf16) and INPLACE orders them through counters: both are excluded.
+  const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                              &reduction, sizeof(reduction));
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment, sizeof(alignment));
+  std::array<cublasLtMatmulHeuristicResult_t, 8> results{};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(lt, desc, layout_a, layout_b, layout_c, layout_c, pref,
+                                        int(results.size()), results.data(), &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  // NOT_SUPPORTED means "no algorithm for this problem": the classic path takes it.
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
+  LtChoice c;
+  for (int i = 0; i < found; ++i)
+    if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS &&
+        results[size_t(i)].workspaceSize <= max_workspace) {
+      c.lt = true;
+      c.algo = results[size_t(i)].algo;
+      c.workspace = results[size_t(i)].workspaceSize;
+      break;
+    }
+  return c;
 }
-
-int log2_of(uint32_t pow2) {
-  int l = 0;
-  while ((1u << l) < pow2) ++l;
-  return l;
-}
-
-}  // namespace
 
 cublasHandle_t blas_handle(int device) {
   static std::mutex mu;
@@ -106,11 +143,7 @@ cublasHandle_t blas_handle(int device) {
 }
 
 struct GemmPlan::Impl {
-  struct Choice {
-    bool lt = false;  // false: classic cuBLAS (cublasGemmEx)
-    cublasLtMatmulAlgo_t algo{};
-    size_t workspace = 0;
-  };
+  using Choice = LtChoice;
   cublasLtHandle_t lt = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layout_a = nullptr;  // cuBLAS's A: our B viewed column-major
@@ -126,42 +159,8 @@ struct GemmPlan::Impl {
     if (desc) cublasLtMatmulDescDestroy(desc);
   }
 
-  Choice choose(const GemmProblem& p, size_t max_workspace, uint32_t alignment) const {
-    cublasLtMatmulPreference_t pref = nullptr;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = max_workspace;
-    // Split-K only with fp32 partials in workspace reduced in a fixed order (COMPUTE_TYPE), or no
-    // split at all (NONE, which every mask admits). INPLACE and OUTPUT_TYPE round the partials to
-    // the output type (bf16) and INPLACE orders them through counters: both are excluded.
-    const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                &reduction, sizeof(reduction));
-    for (auto attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment, sizeof(alignment));
-    std::array<cublasLtMatmulHeuristicResult_t, 8> results{};
-    int found = 0;
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(lt, desc, layout_a, layout_b, layout_c, layout_c, pref,
-                                          int(results.size()), results.data(), &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    // NOT_SUPPORTED means "no algorithm for this problem": the classic path takes it.
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
-    Choice c;
-    for (int i = 0; i < found; ++i)
-      if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS &&
-          results[size_t(i)].workspaceSize <= max_workspace) {
-        c.lt = true;
-        c.algo = results[size_t(i)].algo;
-        c.workspace = results[size_t(i)].workspaceSize;
-        break;
-      }
-    return c;
+  Choice choose(size_t max_workspace, uint32_t alignment) const {
+    return choose_lt_algorithm(lt, desc, layout_a, layout_b, layout_c, max_workspace, alignment);
   }
 };
 
@@ -193,7 +192,7 @@ GemmPlan::GemmPlan(int device, const GemmProblem& p, size_t max_workspace)
       cublasLtMatrixLayoutCreate(&im.layout_b, elem, uint64_t(a_cols), uint64_t(a_rows), p.lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&im.layout_c, elem, uint64_t(p.n), uint64_t(p.m), p.ldc));
   // The memory plan aligns every buffer to 256 bytes: choose for that case now.
-  Impl::Choice c = im.choose(p, max_workspace, 256);
+  Impl::Choice c = im.choose(max_workspace, 256);
   if (!c.lt) blas_handle(device);  // create the fallback's handle before the first step
   im.by_alignment[8] = c;
 }
@@ -218,7 +217,7 @@ void GemmPlan::run(const void* a, const void* b, void* c, void* workspace, size_
     auto& slot = impl_->by_alignment[size_t(log2_of(alignment))];
     if (!slot) {
       DeviceGuard guard(device_);
-      slot = impl_->choose(p, max_workspace_, alignment);
+      slot = impl_->choose(max_workspace_, alignment);
     }
     choice = *slot;
   }

@@ -4,6 +4,7 @@
 // sums are rounded to the output type or ordered through counters.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -67,6 +68,27 @@ class GemmPlan {
 // Plans are cached per (device, problem, workspace): nodes with equal shapes share one.
 std::shared_ptr<const GemmPlan> gemm_plan(int device, const GemmProblem& problem,
                                           size_t max_workspace);
+
+// ---- shared by the plans here and the expert GEMMs (expert_gemm.h) ------------------------------
+// The cuBLASLt handle of `device` (created on first use, never destroyed).
+cublasLtHandle_t lt_handle(int device);
+cudaDataType_t element_type(DType d);        // bf16 / f32 / f64; ValueError otherwise
+cublasComputeType_t compute_type(DType d);   // 32F (never TF32) or 64F
+// Largest power of two (at most 256) that divides all three addresses.
+uint32_t pointer_alignment(const void* a, const void* b, const void* c);
+
+struct LtChoice {
+  bool lt = false;  // false: no cuBLASLt algorithm; the caller runs classic cuBLAS
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+};
+// The heuristic's first algorithm for the problem the descriptors describe (D = C in place) that
+// fits `max_workspace` and `alignment`-byte aligned pointers, under the deterministic preference:
+// split-K only with partials in the compute type reduced in a fixed order.
+LtChoice choose_lt_algorithm(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
+                             cublasLtMatrixLayout_t layout_a, cublasLtMatrixLayout_t layout_b,
+                             cublasLtMatrixLayout_t layout_c, size_t max_workspace,
+                             uint32_t alignment);
 
 // The classic cuBLAS handle of `device` (created on first use, never destroyed; math mode keeps
 // split-K partials in the accumulation type). Callers set its stream and workspace per call.

@@ -1,7 +1,7 @@
 // CUDA kernels of the elementwise and structural ops: fill, add, mul, scale, cast (every dtype
 // pair, rounding like the CPU's BFloat16), reshape and grad_cast (views: nothing to do), sum and
-// expand_scalar, and accumulate (float32/float64 += float32/float64/bf16). Elementwise kernels
-// use 16-byte vector accesses when every pointer is 16-byte aligned.
+// expand_scalar, and accumulate (float32/float64 += float32/float64/bf16). Elementwise, cast and
+// accumulate kernels use vector accesses (16 bytes of the narrower type) when the pointers allow.
 #include <cstring>
 
 #include "meshtrain/ops/cuda/cuda_kernel.h"
@@ -102,16 +102,41 @@ __device__ __forceinline__ D convert(S s) {
   }
 }
 
+// Elements per vector access of a kernel reading S and writing D: 16 bytes of the narrower type
+// (a bf16 -> fp32 pass moves 16 bytes in and 32 out per step).
 template <typename S, typename D>
+constexpr int kPairVec = 16 / int(sizeof(S) < sizeof(D) ? sizeof(S) : sizeof(D));
+
+template <int V, typename S, typename D>
+bool pair_aligned(const void* src, const void* dst) {
+  return V > 1 && reinterpret_cast<uintptr_t>(src) % (sizeof(S) * V) == 0 &&
+         reinterpret_cast<uintptr_t>(dst) % (sizeof(D) * V) == 0;
+}
+
+template <int V, typename S, typename D>
 __global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[i] = convert<D>(src[i]);
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nvec = n / V;
+  for (int64_t i = tid; i < nvec; i += stride) {
+    const Pack<S, V> ps = reinterpret_cast<const Pack<S, V>*>(src)[i];
+    Pack<D, V> pd;
+#pragma unroll
+    for (int k = 0; k < V; ++k) pd.v[k] = convert<D>(ps.v[k]);
+    reinterpret_cast<Pack<D, V>*>(dst)[i] = pd;
+  }
+  for (int64_t i = nvec * V + tid; i < n; i += stride) dst[i] = convert<D>(src[i]);
 }
 
 template <typename S, typename D>
 void launch_cast(const void* src, void* dst, int64_t n, cudaStream_t s) {
-  cast_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
+  constexpr int V = kPairVec<S, D>;
+  const S* a = static_cast<const S*>(src);
+  D* b = static_cast<D*>(dst);
+  if (pair_aligned<V, S, D>(src, dst))
+    cast_kernel<V><<<grid_for(n / V + 1, 256), 256, 0, s>>>(a, b, n);
+  else
+    cast_kernel<1><<<grid_for(n, 256), 256, 0, s>>>(a, b, n);
   CUDA_CHECK_LAUNCH("cast");
 }
 
@@ -182,12 +207,37 @@ __global__ void expand_scalar_kernel(const T* __restrict__ x, T* __restrict__ ou
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = v;
 }
 
-template <typename D, typename S>
+template <int V, typename D, typename S>
 __global__ void accumulate_kernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n,
                                   bool overwrite) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nvec = n / V;
+  for (int64_t i = tid; i < nvec; i += stride) {
+    const Pack<S, V> ps = reinterpret_cast<const Pack<S, V>*>(src)[i];
+    Pack<D, V> pd;
+    if (overwrite) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) pd.v[k] = D(to_acc(ps.v[k]));
+    } else {
+      pd = reinterpret_cast<const Pack<D, V>*>(dst)[i];
+#pragma unroll
+      for (int k = 0; k < V; ++k) pd.v[k] += D(to_acc(ps.v[k]));
+    }
+    reinterpret_cast<Pack<D, V>*>(dst)[i] = pd;
+  }
+  for (int64_t i = nvec * V + tid; i < n; i += stride)
     dst[i] = overwrite ? D(to_acc(src[i])) : dst[i] + D(to_acc(src[i]));
+}
+
+template <typename D, typename S>
+void launch_accumulate_from(D* d, const void* src, int64_t n, bool overwrite, cudaStream_t s) {
+  constexpr int V = kPairVec<S, D>;
+  const S* a = static_cast<const S*>(src);
+  if (pair_aligned<V, S, D>(src, d))
+    accumulate_kernel<V><<<grid_for(n / V + 1, 256), 256, 0, s>>>(d, a, n, overwrite);
+  else
+    accumulate_kernel<1><<<grid_for(n, 256), 256, 0, s>>>(d, a, n, overwrite);
 }
 
 template <typename D>
@@ -196,18 +246,9 @@ void launch_accumulate(const Tensor& dst, const Tensor& src, bool overwrite, cud
   if (n == 0) return;
   D* d = static_cast<D*>(dst.raw());
   switch (src.dtype()) {
-    case DType::kF32:
-      accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const float*>(src.raw()),
-                                                         n, overwrite);
-      break;
-    case DType::kF64:
-      accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const double*>(src.raw()),
-                                                         n, overwrite);
-      break;
-    case DType::kBF16:
-      accumulate_kernel<<<grid_for(n, 256), 256, 0, s>>>(d, static_cast<const bf16*>(src.raw()), n,
-                                                         overwrite);
-      break;
+    case DType::kF32: launch_accumulate_from<D, float>(d, src.raw(), n, overwrite, s); break;
+    case DType::kF64: launch_accumulate_from<D, double>(d, src.raw(), n, overwrite, s); break;
+    case DType::kBF16: launch_accumulate_from<D, bf16>(d, src.raw(), n, overwrite, s); break;
     default:
       MT_THROW(ValueError, "accumulate (cuda): source must be floating, found {}", src.dtype());
   }

@@ -1,6 +1,7 @@
-// CUDA grouped GEMMs of the routed experts: one cuBLAS GEMM per non-empty expert on its group's
+// CUDA grouped GEMMs of the routed experts: one cuBLASLt GEMM per non-empty expert on its group's
 // rows (bf16 operands with fp32 accumulation, exact fp32 with CUBLAS_COMPUTE_32F — never TF32 —,
-// fp64), spread over a few streams so several experts' tiles share the GPU; one small kernel
+// fp64) with an algorithm chosen before the first step for the expert's row count (expert_gemm.h),
+// spread over a few streams so several experts' tiles share the GPU; one small kernel
 // writes zeros into the rows outside every group (padding and slack), so no memset of the whole
 // buffer. grouped_matmul_wgrad zeroes only the experts that received no rows.
 //
@@ -23,6 +24,7 @@
 
 #include "meshtrain/ops/cuda/cublaslt_matmul.h"
 #include "meshtrain/ops/cuda/cuda_kernel.h"
+#include "meshtrain/ops/cuda/expert_gemm.h"
 #include "meshtrain/ops/cuda/host_groups.h"
 #include "meshtrain/ops/grouped_matmul.h"
 
@@ -96,6 +98,9 @@ struct GroupedState {
   std::shared_ptr<HostGroups> published;  // the plan's copy, or null: read here, with a sync
   int32_t* own = nullptr;                 // pinned [2, E] when not published
   const SlotStreams* slots = nullptr;
+  std::unique_ptr<ExpertGemm> lt;  // the expert GEMM; null when an extent is 0 (no GEMM runs)
+  char* slot_ws = nullptr;         // this launch's workspace, kSlots slices of slot_ws_bytes
+  size_t slot_ws_bytes = 0;
   cudaEvent_t fork = nullptr;
   cudaEvent_t join[kSlots] = {};
   int64_t slot_rows[kSlots] = {};
@@ -110,8 +115,12 @@ struct GroupedState {
   std::vector<double> alpha64_v, beta64_v;
   const void** host_ptrs = nullptr;  // pinned [3, E]: A, B, C
 
-  GroupedState(const Graph& graph, ValueId groups, int64_t e, DType dt) : experts(e), dtype(dt) {
+  // `shape`: the expert GEMM with its varying extent at the maximum (every routed row).
+  GroupedState(const Graph& graph, ValueId groups, int64_t e, DType dt, const ExpertGemmShape& shape)
+      : experts(e), dtype(dt) {
     CUDA_CHECK(cudaGetDevice(&device));
+    if (shape.m > 0 && shape.n > 0 && shape.k > 0)
+      lt = std::make_unique<ExpertGemm>(device, shape, kGemmWorkspaceBytes / kSlots);
     if (groups_published(graph, groups))
       published = host_groups_of(graph, groups, e);
     else
@@ -167,6 +176,8 @@ struct GroupedState {
     const size_t total = c.workspace.defined() ? c.workspace.nbytes() : 0;
     const size_t slice = total / kSlots / 256 * 256;
     char* ws = c.workspace.defined() ? static_cast<char*>(c.workspace.raw()) : nullptr;
+    slot_ws = ws;
+    slot_ws_bytes = ws ? slice : 0;
     for (int i = 0; i < kSlots; ++i) {
       slot_rows[i] = 0;
       slot_used[i] = false;
@@ -202,9 +213,15 @@ struct GroupedState {
 
   // Column-major C[m, n] = op(A) op(B) with beta 0 for `rows` routed rows: on the least loaded
   // slot, or recorded into the batch.
-  void expert_gemm(int64_t rows, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-                   int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
-                   int64_t ldc) {
+  // `extent` is the varying extent of `lt` (n for grouped_matmul, k for the wgrad).
+  void expert_gemm(int64_t rows, int64_t extent, cublasOperation_t ta, cublasOperation_t tb,
+                   int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
+                   int64_t ldb, void* c, int64_t ldc) {
+    if (!batched && lt) {
+      const int slot = pick_slot(rows);
+      return lt->run(extent, a, b, c, slot_ws ? slot_ws + size_t(slot) * slot_ws_bytes : nullptr,
+                     slot_ws_bytes, slots->stream[slot], slots->handle[slot]);
+    }
     if (!batched) return gemm(pick_slot(rows), ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
     const size_t i = size_t(count++);
     const size_t e = size_v.size();
@@ -272,12 +289,28 @@ void launch_zero_outside(DType dt, const Tensor& groups, int64_t e, int64_t rows
   }
 }
 
+// The expert GEMMs as the launches below call them, column-major, at the largest extent (every
+// routed row in one expert). grouped_matmul: y_eᵀ[n, count] = op(w_e)ᵀ · x_eᵀ[k, count], w being
+// [E, n, k] (tw) or [E, k, n].
+ExpertGemmShape gmm_shape(const TensorMeta& x, const TensorMeta& w, bool tw) {
+  const int64_t rows = x.shape[0], k = x.shape[1], n = tw ? w.shape[1] : w.shape[2];
+  return {.dtype = x.dtype, .ta = tw, .tb = false, .m = n, .n = rows, .k = k,
+          .lda = tw ? k : n, .ldb = k, .ldc = n, .vary_k = false};
+}
+// grouped_matmul_wgrad: out_eᵀ[q, p] = b_eᵀ[q, count] · a_e[count, p].
+ExpertGemmShape wgrad_shape(const TensorMeta& a, const TensorMeta& b) {
+  const int64_t rows = a.shape[0], p = a.shape[1], q = b.shape[1];
+  return {.dtype = a.dtype, .ta = false, .tb = true, .m = q, .n = p, .k = rows,
+          .lda = q, .ldb = p, .ldc = q, .vary_k = true};
+}
+
 KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
   const TensorMeta& xm = graph.value(node.inputs.at(0)).meta;
   const TensorMeta& wm = graph.value(node.inputs.at(1)).meta;
   cuda_type(xm.dtype);
-  auto st = std::make_shared<GroupedState>(graph, node.inputs.at(2), wm.shape[0], xm.dtype);
   const bool tw = node.attrs.b("transpose_w");
+  auto st = std::make_shared<GroupedState>(graph, node.inputs.at(2), wm.shape[0], xm.dtype,
+                                           gmm_shape(xm, wm, tw));
   return [st, tw](KernelContext& c) {
     const int64_t rows = c.in[0].shape()[0], k = c.in[0].shape()[1];
     const int64_t e = st->experts, n = c.out[0].shape()[1];
@@ -299,7 +332,7 @@ KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
                                    stream_of(c)));
         continue;
       }
-      st->expert_gemm(count, tw ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, we,
+      st->expert_gemm(count, count, tw ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, we,
                       tw ? k : n, x + size_t(start * k) * elem, k, y + size_t(start * n) * elem,
                       n);
     }
@@ -311,7 +344,9 @@ KernelFn make_grouped_wgrad(const Node& node, const Graph& graph) {
   const TensorMeta& am = graph.value(node.inputs.at(0)).meta;
   const TensorMeta& gm = graph.value(node.inputs.at(2)).meta;
   cuda_type(am.dtype);
-  auto st = std::make_shared<GroupedState>(graph, node.inputs.at(2), gm.shape[1], am.dtype);
+  const TensorMeta& bm = graph.value(node.inputs.at(1)).meta;
+  auto st = std::make_shared<GroupedState>(graph, node.inputs.at(2), gm.shape[1], am.dtype,
+                                           wgrad_shape(am, bm));
   return [st](KernelContext& c) {
     const int64_t rows = c.in[0].shape()[0], p = c.in[0].shape()[1], q = c.in[1].shape()[1];
     const int64_t e = st->experts;
@@ -332,8 +367,8 @@ KernelFn make_grouped_wgrad(const Node& node, const Graph& graph) {
       // Row-major out_e[p, q] = a_eᵀ b_e; column-major: out_eᵀ[q, p] = b_eᵀ · a_e, where b_e
       // stored row-major [count, q] is column-major b_eᵀ (ld q) and a_e is column-major a_eᵀ
       // (ld p), used transposed.
-      st->expert_gemm(count, CUBLAS_OP_N, CUBLAS_OP_T, q, p, count, b + size_t(start * q) * elem, q,
-               a + size_t(start * p) * elem, p, oe, q);
+      st->expert_gemm(count, count, CUBLAS_OP_N, CUBLAS_OP_T, q, p, count,
+                      b + size_t(start * q) * elem, q, a + size_t(start * p) * elem, p, oe, q);
     }
     st->join_slots(c);
   };
