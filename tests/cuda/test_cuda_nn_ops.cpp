@@ -105,12 +105,13 @@ TEST(CudaNnOps, RopeTable) {
 TEST(CudaNnOps, RopeForwardBackward) {
   for (DType dt : kTrainDtypes)
     for (bool inverse : {false, true})
-      for (bool bf16_table : {false, true}) {
+      for (bool bf16_table : {false, true})
+        for (int64_t start : {0, 48}) {  // 48: MLA's window (q_nope copied, the tail rotated)
         if (bf16_table && dt != DType::kBF16) continue;
-        expect_case({.name = fmt::format("rope/x {}/table {}/{}", dtype_name(dt),
+        expect_case({.name = fmt::format("rope/x {}/table {}/{}/start {}", dtype_name(dt),
                                          bf16_table ? "bfloat16" : "float32",
-                                         inverse ? "inverse" : "forward"),
-                     .inputs = {{Shape{2, 16, 3, 32}, dt}},
+                                         inverse ? "inverse" : "forward", start),
+                     .inputs = {{Shape{2, 16, 3, 32 + start}, dt}},
                      .build =
                          [=](Builder& b, const V& x) {
                            // The table follows x: float64 on the CPU side of float32 cases,
@@ -121,7 +122,7 @@ TEST(CudaNnOps, RopeForwardBackward) {
                                              : bf16_table && xd == DType::kBF16 ? DType::kBF16
                                                                                 : DType::kF32;
                            ValueId t = ops::rope_table(b, 20, 32, rope_config("llama3"), tdt);
-                           return V{ops::rope(b, x[0], t, inverse)};
+                           return V{ops::rope(b, x[0], t, inverse, start)};
                          },
                      // A bf16 table adds its own rounding (2^-9) to every product.
                      .tol = bf16_table ? Tolerance{2e-2, 8e-3} : Tolerance{}});

@@ -9,6 +9,7 @@
 
 #include "gradcheck.h"
 #include "meshtrain/ops/rope.h"
+#include "meshtrain/ops/shape_ops.h"
 
 namespace meshtrain {
 namespace {
@@ -241,6 +242,32 @@ TEST(OpsRope, GradCheck) {
   }
 }
 
+// A window at `start`: the rotated columns equal rope of the sliced tail, the others are copied,
+// and the gradient checks out.
+TEST(OpsRope, WindowRotatesTheTailAndCopiesTheRest) {
+  uint64_t seed = testing::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const Shape s{2, 4, 3, 14};  // 6 copied columns, 8 rotated
+  std::vector<double> x = random_values(s.numel(), rng);
+  auto out = testing::run_forward({Tensor::from_vector(x, s)}, [&](Builder& b,
+                                                                   const std::vector<ValueId>& in) {
+    ValueId t = ops::rope_table(b, 4, 8, llama3_config(), DType::kF64);
+    return std::vector<ValueId>{ops::rope(b, in[0], t, false, 6),
+                                ops::rope(b, ops::slice(b, in[0], -1, 6, 8), t)};
+  });
+  std::vector<double> y = out[0].to_vector<double>(), tail = out[1].to_vector<double>();
+  for (int64_t r = 0; r < s.numel() / 14; ++r)
+    for (int64_t j = 0; j < 14; ++j) {
+      const double want = j < 6 ? x[size_t(r * 14 + j)] : tail[size_t(r * 8 + j - 6)];
+      ASSERT_EQ(y[size_t(r * 14 + j)], want) << "row " << r << " col " << j << " seed " << seed;
+    }
+  for (bool inverse : {false, true})
+    expect_grad_ok(gradcheck({{s}}, [&](Builder& b, const std::vector<ValueId>& v) {
+      ValueId t = ops::rope_table(b, 4, 8, llama3_config(), DType::kF64);
+      return std::vector<ValueId>{ops::rope(b, v[0], t, inverse, 6)};
+    }));
+}
+
 TEST(OpsRope, BadInputs) {
   Graph g;
   Builder b(g);
@@ -251,7 +278,8 @@ TEST(OpsRope, BadInputs) {
     FAIL() << "expected a ShapeError";
   } catch (const ShapeError& e) {
     EXPECT_NE(
-        std::string(e.what()).find("x last dim 6 must be twice the table's frequency count 4"),
+        std::string(e.what()).find(
+            "x last dim 6 must be the window start 0 plus twice the table's frequency count 4"),
         std::string::npos)
         << e.what();
   }

@@ -59,10 +59,8 @@ ValueId mla_forward(Builder& b, const DeepSeekV3Args& a, const MlaWeights& w, Va
   } else {
     q = ops::linear(b, ops::rmsnorm(b, ops::linear(b, x, w.wq_a), w.q_norm, a.norm_eps), w.wq_b);
   }
-  q = ops::reshape(b, q, Shape{B, S, H, qk});
-  ValueId q_nope = ops::slice(b, q, -1, 0, nope);
-  ValueId q_pe = ops::rope(b, ops::slice(b, q, -1, nope, rope), table);
-  q = ops::concat(b, {q_nope, q_pe}, -1);
+  // Each head is [q_nope | q_pe]: rope rotates the q_pe tail in place (no slices, no concat).
+  q = ops::rope(b, ops::reshape(b, q, Shape{B, S, H, qk}), table, false, nope);
 
   // One compressed latent (kv_lora_rank) plus one rope key shared by all heads.
   ValueId kv = ops::linear(b, x, w.wkv_a);  // [B, S, kv_lora_rank + rope]

@@ -132,8 +132,10 @@ ValueId rope_table(Builder& b, int64_t seq_len, int64_t rot_dim, const RopeConfi
                 {"yarn_apply", int64_t(yarn_applies(c, seq_len))}});
 }
 
-ValueId rope(Builder& b, ValueId x, ValueId table, bool inverse) {
-  return b.op1("rope", {x, table}, {{"inverse", int64_t(inverse)}});
+ValueId rope(Builder& b, ValueId x, ValueId table, bool inverse, int64_t start) {
+  Attrs a{{"inverse", int64_t(inverse)}};
+  if (start != 0) a.set("start", start);
+  return b.op1("rope", {x, table}, std::move(a));
 }
 
 MT_REGISTER_OPS {
@@ -151,7 +153,7 @@ MT_REGISTER_OPS {
   r.add_op(
       {.name = "rope",
        .infer =
-           [](const std::vector<TensorMeta>& in, const Attrs&) {
+           [](const std::vector<TensorMeta>& in, const Attrs& a) {
              MT_CHECK_T(ShapeError, in.size() == 2, "rope takes (x, table), found {} inputs",
                         in.size());
              const TensorMeta& x = in[0];
@@ -160,10 +162,14 @@ MT_REGISTER_OPS {
                         "rope: x must be [B, S, H, rot_dim], found {}", x.shape);
              MT_CHECK_T(ShapeError, t.shape.rank() == 3 && t.shape[2] == 2,
                         "rope: table must be [S, rot_dim/2, 2], found {}", t.shape);
-             MT_CHECK_T(ShapeError, x.shape[3] == 2 * t.shape[1],
-                        "rope: x last dim {} must be twice the table's frequency count {} "
-                        "(table {})",
-                        x.shape[3], t.shape[1], t.shape);
+             const int64_t start = a.i("start", 0);
+             MT_CHECK_T(ShapeError, start >= 0 && start % 2 == 0,
+                        "rope: the rotated window must start at an even column >= 0, found {}",
+                        start);
+             MT_CHECK_T(ShapeError, x.shape[3] == start + 2 * t.shape[1],
+                        "rope: x last dim {} must be the window start {} plus twice the table's "
+                        "frequency count {} (table {})",
+                        x.shape[3], start, t.shape[1], t.shape);
              MT_CHECK_T(ShapeError, t.shape[0] >= x.shape[1],
                         "rope: table covers {} positions, x has sequence length {}", t.shape[0],
                         x.shape[1]);
@@ -181,7 +187,8 @@ MT_REGISTER_OPS {
        .backward =
            [](GradContext& c) {
              bool inverse = c.attrs().b("inverse");
-             return std::vector<ValueId>{rope(c.b, c.grad_out(0), c.in(1), !inverse), kNoValue};
+             return std::vector<ValueId>{
+                 rope(c.b, c.grad_out(0), c.in(1), !inverse, c.attrs().i("start", 0)), kNoValue};
            }});
 }
 

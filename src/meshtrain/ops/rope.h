@@ -38,10 +38,12 @@ RopeConfig rope_config_from_attrs(const Attrs& attrs);
 // -> [seq_len, rot_dim/2, 2] holding (cos(t f_i), sin(t f_i)); no inputs.
 ValueId rope_table(Builder& b, int64_t seq_len, int64_t rot_dim, const RopeConfig& cfg,
                    DType dtype);
-// x [B, S, H, rot_dim], table [>= S, rot_dim/2, 2] (rows 0..S-1 are used) -> x rotated.
-// `inverse` rotates by -angle; it is the backward (the rotation is orthogonal). The table gets
-// no gradient.
-ValueId rope(Builder& b, ValueId x, ValueId table, bool inverse = false);
+// x [B, S, H, D], table [>= S, rot_dim/2, 2] (rows 0..S-1 are used) -> x with its columns
+// [start, start + rot_dim) rotated and the others copied (start even; D = rot_dim when start is
+// 0 and nothing else is kept). MLA rotates the tail of each q head in place this way instead of
+// slicing it out and concatenating it back. `inverse` rotates by -angle; it is the backward (the
+// rotation is orthogonal). The table gets no gradient.
+ValueId rope(Builder& b, ValueId x, ValueId table, bool inverse = false, int64_t start = 0);
 
 // YaRN attention-scale correction: 0.1 * mscale * ln(factor) + 1, and 1 when factor <= 1.
 double yarn_mscale(double rope_factor, double mscale);

@@ -3,6 +3,7 @@
 
 #include "meshtrain/graph/autodiff.h"
 #include "meshtrain/graph/passes/assign_streams.h"
+#include "meshtrain/graph/passes/fuse_slice_grads.h"
 #include "meshtrain/ops/elementwise.h"
 
 namespace meshtrain {
@@ -56,6 +57,7 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   Builder bb(g, NodePhase::kBackward);
   sg->plan->attach_gradients(bb, grads, o.overwrite_grads);
   eliminate_dead_nodes(g);
+  fuse_slice_grads(g);
 
   // Activation checkpointing first: the reshard pass then also re-gathers the weights that
   // recomputed blocks read.

@@ -22,11 +22,12 @@ void write_table(const std::vector<double>& freqs, T* table, int64_t seq_len) {
   }
 }
 
-// (x0 + i x1) * (cos + i sin), with sin negated for the inverse rotation.
+// (x0 + i x1) * (cos + i sin), with sin negated for the inverse rotation, on columns
+// [start, start + 2 half) of each row of d; the other columns are copied.
 template <typename T>
 void rope_kernel(const T* x, const T* table, T* y, int64_t b, int64_t s, int64_t h, int64_t d,
-                 bool inverse) {
-  const int64_t half = d / 2;
+                 int64_t start, bool inverse) {
+  const int64_t half = (d - start) / 2;
   const T sign = inverse ? T(-1) : T(1);
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t si = 0; si < s; ++si) {
@@ -35,6 +36,9 @@ void rope_kernel(const T* x, const T* table, T* y, int64_t b, int64_t s, int64_t
         const int64_t off = ((bi * s + si) * h + hi) * d;
         const T* xr = x + off;
         T* yr = y + off;
+        for (int64_t j = 0; j < start; ++j) yr[j] = xr[j];
+        xr += start;
+        yr += start;
         for (int64_t i = 0; i < half; ++i) {
           const T c = cs[2 * i], sn = sign * cs[2 * i + 1];
           const T x0 = xr[2 * i], x1 = xr[2 * i + 1];
@@ -61,7 +65,7 @@ MT_REGISTER_OPS {
     const Shape& s = c.in[0].shape();
     MT_DISPATCH_FLOAT(c.out[0].dtype(), "rope", [&] {
       rope_kernel(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), out_ptr<scalar_t>(c, 0), s[0],
-                  s[1], s[2], s[3], c.attrs().b("inverse"));
+                  s[1], s[2], s[3], c.attrs().i("start", 0), c.attrs().b("inverse"));
     });
   });
 }

@@ -1,7 +1,8 @@
 // CUDA rope kernels. rope_table: the frequencies are resolved on the host when the executor
 // prepares the graph (as on the CPU) and travel as a kernel parameter; cos/sin are evaluated in
-// float64 and rounded once. rope: one thread per (x0, x1) pair, math in float (double for
-// float64); the table may be float32 while x is bf16 (llama3 keeps its table in float32).
+// float64 and rounded once. rope: one thread per (x0, x1) pair of the row (pairs before the
+// rotated window are copied), math in float (double for float64); the table may be float32
+// while x is bf16 (llama3 keeps its table in float32).
 #include "meshtrain/ops/cuda/cuda_kernel.h"
 #include "meshtrain/ops/rope.h"
 
@@ -26,16 +27,24 @@ __global__ void rope_table_kernel(const RopeFreqs freqs, int64_t half, int64_t s
   }
 }
 
-// (x0 + i x1) · (cos + i sin), with sin negated for the inverse rotation.
-template <typename T, typename TT>
+// (x0 + i x1) · (cos + i sin), with sin negated for the inverse rotation, for the pairs of
+// columns [start, start + 2 half) of each row of `row_pairs` pairs; the other pairs are copied.
+// I: 32-bit indices when every pair index fits (cheaper divisions).
+template <typename T, typename TT, typename I>
 __global__ void rope_kernel(const T* __restrict__ x, const TT* __restrict__ table,
-                            T* __restrict__ y, int64_t pairs, int64_t s, int64_t h, int64_t half,
+                            T* __restrict__ y, I pairs, I s, I h, I row_pairs, I first, I half,
                             bool inverse) {
   using A = acc_t<T>;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs; p += stride) {
-    const int64_t i = p % half;
-    const int64_t si = (p / half / h) % s;
+  const I stride = I(gridDim.x) * blockDim.x;
+  for (I p = I(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs; p += stride) {
+    const I row = p / row_pairs, j = p - row * row_pairs;
+    if (j < first) {
+      y[2 * p] = x[2 * p];
+      y[2 * p + 1] = x[2 * p + 1];
+      continue;
+    }
+    const I i = j - first;
+    const I si = (row / h) % s;
     const TT* cs = table + (si * half + i) * 2;
     const A c = A(to_acc(cs[0]));
     const A sn = inverse ? -A(to_acc(cs[1])) : A(to_acc(cs[1]));
@@ -46,30 +55,39 @@ __global__ void rope_kernel(const T* __restrict__ x, const TT* __restrict__ tabl
 }
 
 template <typename T, typename TT>
-void launch_rope(const Tensor& x, const Tensor& table, const Tensor& y, bool inverse,
-                 cudaStream_t st) {
+void launch_rope(const Tensor& x, const Tensor& table, const Tensor& y, int64_t start,
+                 bool inverse, cudaStream_t st) {
   const Shape& sh = x.shape();
-  const int64_t half = sh[3] / 2;
+  const int64_t row_pairs = sh[3] / 2, first = start / 2, half = row_pairs - first;
   const int64_t pairs = sh.numel() / 2;
   if (pairs == 0) return;
-  rope_kernel<<<grid_for(pairs, 256), 256, 0, st>>>(
-      static_cast<const T*>(x.raw()), static_cast<const TT*>(table.raw()), static_cast<T*>(y.raw()),
-      pairs, sh[1], sh[2], half, inverse);
+  const unsigned grid = grid_for(pairs, 256);
+  const T* xp = static_cast<const T*>(x.raw());
+  const TT* tp = static_cast<const TT*>(table.raw());
+  T* yp = static_cast<T*>(y.raw());
+  if (2 * pairs + int64_t(grid) * 256 < (int64_t(1) << 31))
+    rope_kernel<T, TT, uint32_t><<<grid, 256, 0, st>>>(
+        xp, tp, yp, uint32_t(pairs), uint32_t(sh[1]), uint32_t(sh[2]), uint32_t(row_pairs),
+        uint32_t(first), uint32_t(half), inverse);
+  else
+    rope_kernel<T, TT, int64_t><<<grid, 256, 0, st>>>(xp, tp, yp, pairs, sh[1], sh[2], row_pairs,
+                                                       first, half, inverse);
   CUDA_CHECK_LAUNCH("rope");
 }
 
 void rope_any(KernelContext& c) {
   const DType xd = c.in[0].dtype(), td = c.in[1].dtype();
   const bool inv = c.attrs().b("inverse");
+  const int64_t start = c.attrs().i("start", 0);
   const cudaStream_t st = stream_of(c);
   if (xd == DType::kF32 && td == DType::kF32)
-    return launch_rope<float, float>(c.in[0], c.in[1], c.out[0], inv, st);
+    return launch_rope<float, float>(c.in[0], c.in[1], c.out[0], start, inv, st);
   if (xd == DType::kF64 && td == DType::kF64)
-    return launch_rope<double, double>(c.in[0], c.in[1], c.out[0], inv, st);
+    return launch_rope<double, double>(c.in[0], c.in[1], c.out[0], start, inv, st);
   if (xd == DType::kBF16 && td == DType::kF32)
-    return launch_rope<bf16, float>(c.in[0], c.in[1], c.out[0], inv, st);
+    return launch_rope<bf16, float>(c.in[0], c.in[1], c.out[0], start, inv, st);
   if (xd == DType::kBF16 && td == DType::kBF16)
-    return launch_rope<bf16, bf16>(c.in[0], c.in[1], c.out[0], inv, st);
+    return launch_rope<bf16, bf16>(c.in[0], c.in[1], c.out[0], start, inv, st);
   MT_THROW(ValueError, "rope (cuda): unsupported x/table dtypes {} and {}", xd, td);
 }
 

@@ -2,6 +2,8 @@
 // Copies move whole inner blocks as raw words of the widest size (16, 8, 4, 2 or 1 bytes) that
 // divides the block and aligns both pointers, so they work for every dtype; sum_dim gives each
 // output element one thread that adds the extent slices in order (deterministic).
+#include <algorithm>
+
 #include "meshtrain/ops/cuda/cuda_kernel.h"
 #include "meshtrain/ops/shape_ops.h"
 
@@ -12,16 +14,17 @@ using ops::DimSplit;
 using ops::split_at;
 
 // dst word (o, dst_at·w + r) <- src word (o, src_at·w + r) for r < len·w, where w = words per
-// block: row o of dst has dst_ext blocks, row o of src has src_ext blocks.
-template <typename U>
-__global__ void copy_blocks_kernel(U* __restrict__ dst, int64_t dst_ext, int64_t dst_at,
-                                   const U* __restrict__ src, int64_t src_ext, int64_t src_at,
-                                   int64_t outer, int64_t len, int64_t words) {
-  const int64_t row = len * words;
-  const int64_t n = outer * row;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t o = i / row, r = i - o * row;
+// block: row o of dst has dst_ext blocks, row o of src has src_ext blocks. I is the index type:
+// 32-bit when every word index fits (the division per element then costs a fraction of 64-bit's).
+template <typename U, typename I>
+__global__ void copy_blocks_kernel(U* __restrict__ dst, I dst_ext, I dst_at,
+                                   const U* __restrict__ src, I src_ext, I src_at, I outer, I len,
+                                   I words) {
+  const I row = len * words;
+  const I n = outer * row;
+  const I stride = I(gridDim.x) * blockDim.x;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const I o = i / row, r = i - o * row;
     dst[(o * dst_ext + dst_at) * words + r] = src[(o * src_ext + src_at) * words + r];
   }
 }
@@ -62,37 +65,48 @@ int word_bytes(size_t block_bytes, const void* a, const void* b) {
   return 1;
 }
 
+template <typename U>
+void launch_copy_blocks(void* dst, int64_t dst_ext, int64_t dst_at, const void* src,
+                        int64_t src_ext, int64_t src_at, int64_t outer, int64_t len, int64_t words,
+                        cudaStream_t s) {
+  const unsigned grid = grid_for(outer * len * words, 256);
+  U* d = static_cast<U*>(dst);
+  const U* x = static_cast<const U*>(src);
+  // Largest word index touched on either side (plus the grid-stride overshoot) must fit 32 bits.
+  const int64_t span = std::max(outer * dst_ext, outer * src_ext) * words + int64_t(grid) * 256;
+  if (span < (int64_t(1) << 32))
+    copy_blocks_kernel<U, uint32_t><<<grid, 256, 0, s>>>(
+        d, uint32_t(dst_ext), uint32_t(dst_at), x, uint32_t(src_ext), uint32_t(src_at),
+        uint32_t(outer), uint32_t(len), uint32_t(words));
+  else
+    copy_blocks_kernel<U, int64_t><<<grid, 256, 0, s>>>(d, dst_ext, dst_at, x, src_ext, src_at,
+                                                         outer, len, words);
+}
+
 void copy_blocks(void* dst, int64_t dst_ext, int64_t dst_at, const void* src, int64_t src_ext,
                  int64_t src_at, int64_t outer, int64_t len, size_t block_bytes, cudaStream_t s) {
   if (outer == 0 || len == 0 || block_bytes == 0) return;
   const int w = word_bytes(block_bytes, dst, src);
   const int64_t words = int64_t(block_bytes) / w;
-  const unsigned grid = grid_for(outer * len * words, 256);
   switch (w) {
     case 16:
-      copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint4*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint4*>(src), src_ext, src_at,
-                                              outer, len, words);
+      launch_copy_blocks<uint4>(dst, dst_ext, dst_at, src, src_ext, src_at, outer, len, words, s);
       break;
     case 8:
-      copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint64_t*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint64_t*>(src), src_ext, src_at,
-                                              outer, len, words);
+      launch_copy_blocks<uint64_t>(dst, dst_ext, dst_at, src, src_ext, src_at, outer, len, words,
+                                   s);
       break;
     case 4:
-      copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint32_t*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint32_t*>(src), src_ext, src_at,
-                                              outer, len, words);
+      launch_copy_blocks<uint32_t>(dst, dst_ext, dst_at, src, src_ext, src_at, outer, len, words,
+                                   s);
       break;
     case 2:
-      copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint16_t*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint16_t*>(src), src_ext, src_at,
-                                              outer, len, words);
+      launch_copy_blocks<uint16_t>(dst, dst_ext, dst_at, src, src_ext, src_at, outer, len, words,
+                                   s);
       break;
     default:
-      copy_blocks_kernel<<<grid, 256, 0, s>>>(static_cast<uint8_t*>(dst), dst_ext, dst_at,
-                                              static_cast<const uint8_t*>(src), src_ext, src_at,
-                                              outer, len, words);
+      launch_copy_blocks<uint8_t>(dst, dst_ext, dst_at, src, src_ext, src_at, outer, len, words,
+                                  s);
   }
   CUDA_CHECK_LAUNCH("copy_blocks");
 }
