@@ -211,18 +211,19 @@ struct GroupedState {
     }
   }
 
-  // Column-major C[m, n] = op(A) op(B) with beta 0 for `rows` routed rows: on the least loaded
-  // slot, or recorded into the batch.
-  // `extent` is the varying extent of `lt` (n for grouped_matmul, k for the wgrad).
-  void expert_gemm(int64_t rows, int64_t extent, cublasOperation_t ta, cublasOperation_t tb,
-                   int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
-                   int64_t ldb, void* c, int64_t ldc) {
-    if (!batched && lt) {
+  // Column-major C[m, n] = op(A) op(B) with beta 0 for `rows` routed rows (the varying extent of
+  // `lt`: n for grouped_matmul, k for the wgrad): on the least loaded slot, or recorded into the
+  // batch.
+  void expert_gemm(int64_t rows, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                   int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
+                   int64_t ldc) {
+    if (!batched) {
+      // lt is null only when an extent is 0, and then no launch reaches a GEMM.
+      MT_CHECK(lt != nullptr, "grouped GEMM: expert GEMM of {}x{}x{} without a plan", m, n, k);
       const int slot = pick_slot(rows);
-      return lt->run(extent, a, b, c, slot_ws ? slot_ws + size_t(slot) * slot_ws_bytes : nullptr,
+      return lt->run(rows, a, b, c, slot_ws ? slot_ws + size_t(slot) * slot_ws_bytes : nullptr,
                      slot_ws_bytes, slots->stream[slot], slots->handle[slot]);
     }
-    if (!batched) return gemm(pick_slot(rows), ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
     const size_t i = size_t(count++);
     const size_t e = size_v.size();
     ta_v[i] = ta, tb_v[i] = tb, m_v[i] = int(m), n_v[i] = int(n), k_v[i] = int(k);
@@ -256,19 +257,6 @@ struct GroupedState {
         ldc_v.data(), count, size_v.data(), f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F));
   }
 
-  // Column-major C[m, n] = op(A) op(B) with beta 0, on slot `slot`.
-  void gemm(int slot, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-            const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc) const {
-    const float alpha32 = 1.0f, beta32 = 0.0f;
-    const double alpha64 = 1.0, beta64 = 0.0;
-    const bool f64 = dtype == DType::kF64;
-    const cudaDataType_t t = cuda_type(dtype);
-    CUBLAS_CHECK(cublasGemmEx(slots->handle[slot], ta, tb, int(m), int(n), int(k),
-                              f64 ? static_cast<const void*>(&alpha64) : &alpha32, a, t, int(lda),
-                              b, t, int(ldb), f64 ? static_cast<const void*>(&beta64) : &beta32, c,
-                              t, int(ldc), f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
-  }
 };
 
 template <typename T>
@@ -332,7 +320,7 @@ KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
                                    stream_of(c)));
         continue;
       }
-      st->expert_gemm(count, count, tw ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, we,
+      st->expert_gemm(count, tw ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, we,
                       tw ? k : n, x + size_t(start * k) * elem, k, y + size_t(start * n) * elem,
                       n);
     }
@@ -367,7 +355,7 @@ KernelFn make_grouped_wgrad(const Node& node, const Graph& graph) {
       // Row-major out_e[p, q] = a_eᵀ b_e; column-major: out_eᵀ[q, p] = b_eᵀ · a_e, where b_e
       // stored row-major [count, q] is column-major b_eᵀ (ld q) and a_e is column-major a_eᵀ
       // (ld p), used transposed.
-      st->expert_gemm(count, count, CUBLAS_OP_N, CUBLAS_OP_T, q, p, count,
+      st->expert_gemm(count, CUBLAS_OP_N, CUBLAS_OP_T, q, p, count,
                       b + size_t(start * q) * elem, q, a + size_t(start * p) * elem, p, oe, q);
     }
     st->join_slots(c);
