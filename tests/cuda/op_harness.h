@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::cudatest {

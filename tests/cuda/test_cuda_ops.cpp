@@ -4,7 +4,7 @@
 // any that lost its kernel.
 #include <gtest/gtest.h>
 
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "op_harness.h"

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "meshtrain/graph/autodiff.h"
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 #include "meshtrain/graph/executor.h"
 #include "meshtrain/graph/memory_plan.h"
 #include "meshtrain/graph/passes/fuse_slice_grads.h"

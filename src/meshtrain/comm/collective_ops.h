@@ -7,7 +7,7 @@
 #include <string>
 
 #include "meshtrain/comm/communicator.h"
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "meshtrain/comm/communicator.h"
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 #include "meshtrain/ops/moe_permute.h"
 
 namespace meshtrain::ops {

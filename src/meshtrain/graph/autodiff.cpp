@@ -2,7 +2,7 @@
 // nodes that lie on a path from a `wrt` value to the loss.
 #include "meshtrain/graph/autodiff.h"
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain {
 

@@ -6,7 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "meshtrain/graph/ir.h"
+#include "meshtrain/ir/ir.h"
 
 namespace meshtrain {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "meshtrain/graph/memory_plan.h"
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain {
 

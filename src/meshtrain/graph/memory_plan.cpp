@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain {
 namespace {

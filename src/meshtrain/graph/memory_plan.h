@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/graph/ir.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/ir/ir.h"
+#include "meshtrain/core/device.h"
 
 namespace meshtrain {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 #include "meshtrain/parallel/plan.h"
 
 namespace meshtrain {

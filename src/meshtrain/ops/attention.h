@@ -4,7 +4,7 @@
 // recompute the probabilities instead of saving them.
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -4,7 +4,7 @@
 // only at run time; kernels read it on the device.
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

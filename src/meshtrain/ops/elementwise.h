@@ -3,7 +3,7 @@
 // models need are fused into their own ops.
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -2,7 +2,7 @@
 // the weight only, through a scatter-add that visits tokens in index order (deterministic).
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -5,7 +5,7 @@
 // backward's dx). Rows outside every group are never read and are written as zeros.
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

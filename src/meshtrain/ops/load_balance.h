@@ -5,7 +5,7 @@
 // so data-parallel ranks can sum them with the float collectives before the update.
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -3,7 +3,7 @@
 // leading dims ([..., K] x [K, N] -> [..., N]); with it the output is [M, N].
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -3,7 +3,7 @@
 // [1, k] x [k, D] product per token in float32 for bfloat16 data).
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -10,7 +10,7 @@
 // moe_dispatch_plan/moe_permute (by local expert, padded) feeds grouped_matmul unchanged.
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -3,7 +3,7 @@
 // gradient reset for the next step, in one pass).
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

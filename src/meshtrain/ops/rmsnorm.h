@@ -3,7 +3,7 @@
 // (one extra read of x, which is cheaper than keeping a rows-sized tensor alive across the step).
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

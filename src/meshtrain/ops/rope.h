@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

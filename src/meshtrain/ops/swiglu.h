@@ -2,7 +2,7 @@
 // backward is one fused pass producing both input gradients.
 #pragma once
 
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain::ops {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "meshtrain/graph/autodiff.h"
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 #include "meshtrain/parallel/placement.h"
 #include "meshtrain/tensor/init.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "meshtrain/core/dtype.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/core/device.h"
 #include "meshtrain/tensor/allocator.h"
 
 namespace meshtrain {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/core/device.h"
 
 namespace meshtrain {
 

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain {
 namespace {

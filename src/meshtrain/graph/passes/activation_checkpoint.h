@@ -12,7 +12,7 @@
 #include <functional>
 #include <string>
 
-#include "meshtrain/graph/ir.h"
+#include "meshtrain/ir/ir.h"
 
 namespace meshtrain {
 

@@ -2,7 +2,7 @@
 // stable across models and runs (traces are easier to compare).
 #include "meshtrain/graph/passes/assign_streams.h"
 
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain {
 

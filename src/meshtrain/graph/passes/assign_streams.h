@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "meshtrain/graph/ir.h"
+#include "meshtrain/ir/ir.h"
 
 namespace meshtrain {
 

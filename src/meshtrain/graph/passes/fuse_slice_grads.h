@@ -7,7 +7,7 @@
 // is one piece's element plus zeros.
 #pragma once
 
-#include "meshtrain/graph/ir.h"
+#include "meshtrain/ir/ir.h"
 
 namespace meshtrain {
 

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "meshtrain/graph/memory_plan.h"
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain {
 namespace {

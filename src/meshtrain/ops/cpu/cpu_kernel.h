@@ -2,7 +2,7 @@
 // layer having checked shapes and dtypes already.
 #pragma once
 
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain::cpu {
 

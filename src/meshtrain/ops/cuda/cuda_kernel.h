@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 #include "meshtrain/runtime/cuda/cuda_backend.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "meshtrain/graph/ir.h"
+#include "meshtrain/ir/ir.h"
 
 namespace meshtrain::cuda {
 

@@ -1,5 +1,5 @@
 // Device parsing.
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/core/device.h"
 
 #include "meshtrain/core/check.h"
 

@@ -9,7 +9,7 @@
 
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/shape.h"
-#include "meshtrain/graph/attrs.h"
+#include "meshtrain/ir/attrs.h"
 
 namespace meshtrain {
 

@@ -1,5 +1,5 @@
 // Builder: shape inference at append time, with the scope named in any error it raises.
-#include "meshtrain/graph/builder.h"
+#include "meshtrain/ir/builder.h"
 
 namespace meshtrain {
 

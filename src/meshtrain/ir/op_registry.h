@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/graph/ir.h"
+#include "meshtrain/ir/ir.h"
 #include "meshtrain/runtime/backend.h"
 #include "meshtrain/tensor/tensor.h"
 

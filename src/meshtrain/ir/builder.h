@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/graph/ir.h"
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/ir.h"
+#include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain {
 

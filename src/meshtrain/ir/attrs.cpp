@@ -1,5 +1,5 @@
 // Attrs storage: a short vector of (key, value), kept sorted by key so equal maps compare equal.
-#include "meshtrain/graph/attrs.h"
+#include "meshtrain/ir/attrs.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // Op and kernel tables.
-#include "meshtrain/graph/op_registry.h"
+#include "meshtrain/ir/op_registry.h"
 
 #include "meshtrain/core/check.h"
 

@@ -1,5 +1,5 @@
 // Graph storage and queries.
-#include "meshtrain/graph/ir.h"
+#include "meshtrain/ir/ir.h"
 
 #include <algorithm>
 
