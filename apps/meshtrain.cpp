@@ -3,9 +3,9 @@
 // multi-rank run the failing rank aborts the job so no rank hangs.
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -96,7 +96,8 @@ int run_plan(int argc, char** argv) {
 int run_tokenize(int argc, char** argv) {
   Args a = parse_args(argc, argv, {"--input", "--output", "--dataset"});
   MT_CHECK_T(ConfigError, a.options.count("--output"), "tokenize needs --output FILE.bin");
-  MT_CHECK_T(ConfigError, a.overrides.empty(), "tokenize: unknown option '{}'", a.overrides.front());
+  MT_CHECK_T(ConfigError, a.overrides.empty(), "tokenize: unknown option '{}'",
+             a.overrides.front());
   std::string dataset = a.options.count("--dataset") ? a.options["--dataset"] : "text";
   std::string input = a.options.count("--input") ? a.options["--input"] : "";
   MT_CHECK_T(ConfigError, dataset == "text" || dataset == "fortunes",
@@ -131,8 +132,8 @@ int main(int argc, char** argv) {
       std::printf("%s", kUsage);
       return 0;
     }
-    MT_THROW(ConfigError, "unknown command '{}': expected train, plan or tokenize (meshtrain --help)",
-             command);
+    MT_THROW(ConfigError,
+             "unknown command '{}': expected train, plan or tokenize (meshtrain --help)", command);
   } catch (const meshtrain::Error& e) {
     // A config error is the same on every rank: rank 0 alone reports it, every rank exits non-zero.
     if (e.kind() != meshtrain::ErrorKind::kConfig || meshtrain::detect_launch().rank == 0)

@@ -35,7 +35,8 @@ struct DeviceBuffer {
 std::vector<double> random_matrix(int64_t rows, int64_t cols, DType dt, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(-1, 1);
   std::vector<double> v(size_t(rows * cols));
-  for (double& x : v) x = dt == DType::kBF16 ? double(float(BFloat16(float(u(rng))))) : double(float(u(rng)));
+  for (double& x : v)
+    x = dt == DType::kBF16 ? double(float(BFloat16(float(u(rng))))) : double(float(u(rng)));
   return v;
 }
 
@@ -77,8 +78,8 @@ void check_shape(const ExpertGemmShape& s, const std::vector<int64_t>& extents) 
   // rows up in float32 (cuBLASLt may have no fp32 algorithm that spans 1..16 rows).
   for (int i = 0; i < int(gemm.bounds().size()); ++i) {
     if (s.dtype == DType::kBF16 || gemm.bounds()[size_t(i)] > 128) {
-      EXPECT_TRUE(gemm.bucket_uses_lt(i)) << "bucket up to " << gemm.bounds()[size_t(i)]
-                                          << " rows runs classic cuBLAS";
+      EXPECT_TRUE(gemm.bucket_uses_lt(i))
+          << "bucket up to " << gemm.bounds()[size_t(i)] << " rows runs classic cuBLAS";
     }
   }
   const size_t elem = dtype_size(s.dtype);
@@ -105,8 +106,12 @@ void check_shape(const ExpertGemmShape& s, const std::vector<int64_t>& extents) 
     CUDA_CHECK(cudaMemcpyAsync(got.data(), dc.p, got.size(), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     // op(A)[i, l] and op(B)[l, j] from the stored column-major matrices (ld = stored rows).
-    auto opa = [&](int64_t i, int64_t l) { return s.ta ? a[size_t(i * a_rows + l)] : a[size_t(l * a_rows + i)]; };
-    auto opb = [&](int64_t l, int64_t j) { return s.tb ? b[size_t(l * b_rows + j)] : b[size_t(j * b_rows + l)]; };
+    auto opa = [&](int64_t i, int64_t l) {
+      return s.ta ? a[size_t(i * a_rows + l)] : a[size_t(l * a_rows + i)];
+    };
+    auto opb = [&](int64_t l, int64_t j) {
+      return s.tb ? b[size_t(l * b_rows + j)] : b[size_t(j * b_rows + l)];
+    };
     double worst = 0, scale = 0;
     int64_t bad = 0;
     for (int64_t j = 0; j < s.n; ++j)
@@ -142,15 +147,39 @@ TEST(CudaExpertGemm, MatchesHostProductAcrossBuckets) {
   const std::vector<int64_t> extents = {1, 15, 16, 17, 100, 128, 129, 161, 999, 1200};
   for (DType dt : {DType::kBF16, DType::kF32}) {
     // grouped_matmul, weight transposed and not: C[96, count] = op(W)[96, 64] X[64, count].
-    check_shape({.dtype = dt, .ta = true, .tb = false, .m = 96, .n = 1200, .k = 64, .lda = 64,
-                 .ldb = 64, .ldc = 96, .vary_k = false},
+    check_shape({.dtype = dt,
+                 .ta = true,
+                 .tb = false,
+                 .m = 96,
+                 .n = 1200,
+                 .k = 64,
+                 .lda = 64,
+                 .ldb = 64,
+                 .ldc = 96,
+                 .vary_k = false},
                 extents);
-    check_shape({.dtype = dt, .ta = false, .tb = false, .m = 96, .n = 1200, .k = 64, .lda = 96,
-                 .ldb = 64, .ldc = 96, .vary_k = false},
+    check_shape({.dtype = dt,
+                 .ta = false,
+                 .tb = false,
+                 .m = 96,
+                 .n = 1200,
+                 .k = 64,
+                 .lda = 96,
+                 .ldb = 64,
+                 .ldc = 96,
+                 .vary_k = false},
                 extents);
     // wgrad: C[96, 64] = B[96, count] Aᵀ (A stored [64, count]).
-    check_shape({.dtype = dt, .ta = false, .tb = true, .m = 96, .n = 64, .k = 1200, .lda = 96,
-                 .ldb = 64, .ldc = 96, .vary_k = true},
+    check_shape({.dtype = dt,
+                 .ta = false,
+                 .tb = true,
+                 .m = 96,
+                 .n = 64,
+                 .k = 1200,
+                 .lda = 96,
+                 .ldb = 64,
+                 .ldc = 96,
+                 .vary_k = true},
                 extents);
   }
 }

@@ -4,9 +4,8 @@
 // moe_row_dot, grouped_matmul with the weight untransposed, grouped_matmul_wgrad), token counts,
 // and the expert-bias update. Integer outputs (expert ids, row maps, groups, counts) must be
 // equal; padding rows of the permuted buffers are compared too (zeros on both sides).
-#include <gtest/gtest.h>
-
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
@@ -52,11 +51,10 @@ OpCase router_case(const RouterCase& r, DType dt) {
                               dtype_name(dt), r.score, r.tokens, r.experts, r.k, r.groups,
                               r.limited, r.norm, r.scale, r.ties ? "/ties" : ""),
           .inputs = {logits, bias},
-          .build =
-              [cfg](Builder& b, const V& x) {
-                ops::RouterOutputs o = ops::router(b, x[0], x[1], cfg);
-                return V{o.ids, o.weights};
-              }};
+          .build = [cfg](Builder& b, const V& x) {
+            ops::RouterOutputs o = ops::router(b, x[0], x[1], cfg);
+            return V{o.ids, o.weights};
+          }};
 }
 
 TEST(CudaMoeOps, Router) {
@@ -65,12 +63,23 @@ TEST(CudaMoeOps, Router) {
       {.score = "sigmoid", .tokens = 64, .experts = 8, .k = 1},
       {.tokens = 1, .experts = 8, .k = 8},
       {.tokens = 300, .experts = 64, .k = 6, .norm = true, .scale = 2.5},
-      {.score = "sigmoid", .tokens = 129, .experts = 64, .k = 6, .groups = 8, .limited = 3,
-       .norm = true, .scale = 2.5},
+      {.score = "sigmoid",
+       .tokens = 129,
+       .experts = 64,
+       .k = 6,
+       .groups = 8,
+       .limited = 3,
+       .norm = true,
+       .scale = 2.5},
       {.tokens = 50, .experts = 256, .k = 8, .groups = 8, .limited = 4},
       {.tokens = 33, .experts = 20, .k = 5, .groups = 4, .limited = 2},
       {.tokens = 40, .experts = 64, .k = 6, .ties = true},
-      {.score = "sigmoid", .tokens = 40, .experts = 16, .k = 4, .groups = 4, .limited = 2,
+      {.score = "sigmoid",
+       .tokens = 40,
+       .experts = 16,
+       .k = 4,
+       .groups = 4,
+       .limited = 2,
        .ties = true},
   };
   for (const RouterCase& r : cases)
@@ -93,8 +102,8 @@ OpCase moe_chain_case(const MoeChainCase& m, DType dt) {
   // bf16 rows take float32 weights on the device; the CPU side (float32 rows, float64 weights)
   // casts the weights to the rows' dtype.
   const DType wdt = dt == DType::kBF16 ? DType::kF32 : dt;
-  return {.name = fmt::format("moe_chain/{}/T={}/k={}/E={}/D={}/H={}/align={}/{}{}",
-                              dtype_name(dt), m.tokens, m.k, m.experts, m.d, m.hidden, m.align,
+  return {.name = fmt::format("moe_chain/{}/T={}/k={}/E={}/D={}/H={}/align={}/{}{}", dtype_name(dt),
+                              m.tokens, m.k, m.experts, m.d, m.hidden, m.align,
                               m.score_before ? "score_before" : "score_after",
                               m.one_expert ? "/one_expert" : ""),
           .inputs = {ids,
@@ -189,9 +198,9 @@ TEST(CudaMoeOps, ExpertBiasUpdate) {
       dmean /= double(e);
       std::vector<float> want(e);
       for (int64_t i = 0; i < e; ++i)
-        want[size_t(i)] = coeff > 0 ? float(double(bias[size_t(i)]) +
-                                             coeff * sgn(mean - used[size_t(i)]) - dmean)
-                                    : bias[size_t(i)];
+        want[size_t(i)] =
+            coeff > 0 ? float(double(bias[size_t(i)]) + coeff * sgn(mean - used[size_t(i)]) - dmean)
+                      : bias[size_t(i)];
       float* dev = nullptr;
       CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev), size_t(4 * e) * sizeof(float)));
       CUDA_CHECK(cudaMemcpy(dev, bias.data(), size_t(e) * 4, cudaMemcpyHostToDevice));
@@ -199,8 +208,8 @@ TEST(CudaMoeOps, ExpertBiasUpdate) {
       CUDA_CHECK(cudaMemcpy(dev + 2 * e, load.data(), size_t(e) * 4, cudaMemcpyHostToDevice));
       CUDA_CHECK(cudaMemcpy(dev + 3 * e, counts.data(), size_t(e) * 4, cudaMemcpyHostToDevice));
       cuda::expert_bias_update(DType::kF32, dev, dev + e, dev + 2 * e,
-                               separate ? static_cast<const void*>(dev + 3 * e) : dev + e, e,
-                               coeff, nullptr);
+                               separate ? static_cast<const void*>(dev + 3 * e) : dev + e, e, coeff,
+                               nullptr);
       std::vector<float> got(size_t(3 * e));
       CUDA_CHECK(cudaMemcpy(got.data(), dev, got.size() * 4, cudaMemcpyDeviceToHost));
       CUDA_CHECK(cudaFree(dev));

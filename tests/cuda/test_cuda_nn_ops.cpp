@@ -107,26 +107,26 @@ TEST(CudaNnOps, RopeForwardBackward) {
     for (bool inverse : {false, true})
       for (bool bf16_table : {false, true})
         for (int64_t start : {0, 48}) {  // 48: MLA's window (q_nope copied, the tail rotated)
-        if (bf16_table && dt != DType::kBF16) continue;
-        expect_case({.name = fmt::format("rope/x {}/table {}/{}/start {}", dtype_name(dt),
-                                         bf16_table ? "bfloat16" : "float32",
-                                         inverse ? "inverse" : "forward", start),
-                     .inputs = {{Shape{2, 16, 3, 32 + start}, dt}},
-                     .build =
-                         [=](Builder& b, const V& x) {
-                           // The table follows x: float64 on the CPU side of float32 cases,
-                           // float32 for bf16 x (the CPU side sees float32 x) unless a bf16 table
-                           // is under test.
-                           const DType xd = b.dtype(x[0]);
-                           const DType tdt = xd == DType::kF64                  ? DType::kF64
-                                             : bf16_table && xd == DType::kBF16 ? DType::kBF16
-                                                                                : DType::kF32;
-                           ValueId t = ops::rope_table(b, 20, 32, rope_config("llama3"), tdt);
-                           return V{ops::rope(b, x[0], t, inverse, start)};
-                         },
-                     // A bf16 table adds its own rounding (2^-9) to every product.
-                     .tol = bf16_table ? Tolerance{2e-2, 8e-3} : Tolerance{}});
-      }
+          if (bf16_table && dt != DType::kBF16) continue;
+          expect_case({.name = fmt::format("rope/x {}/table {}/{}/start {}", dtype_name(dt),
+                                           bf16_table ? "bfloat16" : "float32",
+                                           inverse ? "inverse" : "forward", start),
+                       .inputs = {{Shape{2, 16, 3, 32 + start}, dt}},
+                       .build =
+                           [=](Builder& b, const V& x) {
+                             // The table follows x: float64 on the CPU side of float32 cases,
+                             // float32 for bf16 x (the CPU side sees float32 x) unless a bf16 table
+                             // is under test.
+                             const DType xd = b.dtype(x[0]);
+                             const DType tdt = xd == DType::kF64                  ? DType::kF64
+                                               : bf16_table && xd == DType::kBF16 ? DType::kBF16
+                                                                                  : DType::kF32;
+                             ValueId t = ops::rope_table(b, 20, 32, rope_config("llama3"), tdt);
+                             return V{ops::rope(b, x[0], t, inverse, start)};
+                           },
+                       // A bf16 table adds its own rounding (2^-9) to every product.
+                       .tol = bf16_table ? Tolerance{2e-2, 8e-3} : Tolerance{}});
+        }
 }
 
 TEST(CudaNnOps, SwigluForwardBackward) {
@@ -217,31 +217,31 @@ TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16AddOrOverwrite) {
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   for (bool overwrite : {false, true})
-  for (DType src_dt : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(fmt::format("accumulate float32 {}= {} (seed {})", overwrite ? "" : "+",
-                             dtype_name(src_dt), seed));
-    const Shape s{1031, 3};
-    Tensor dst0 = random_host(s, DType::kF32, rng, -1, 1);
-    Tensor src = random_host(s, src_dt, rng, -1, 1);
-    Graph g;
-    Builder b(g);
-    ValueId d = b.persistent("dst", {s, DType::kF32}, ValueRole::kState);
-    ValueId x = b.input("src", {s, src_dt});
-    ops::accumulate(b, d, x, overwrite);
-    Tensor dd = to_device(be, dst0);
-    Executor ex(g, plan_memory(g, DeviceType::kCUDA), be, nullptr);
-    ex.bind(d, dd);
-    ex.prepare();
-    be.copy(ex.tensor(x).raw(), src.raw(), src.nbytes(), CopyKind::kHostToDevice, be.stream(0));
-    ex.run();
-    ex.run();  // twice: dst += 2 src, or dst = src
-    std::vector<double> got = host_values(to_host(be, dd));
-    for (int64_t i = 0; i < s.numel(); ++i) {
-      const float x_i = float(src.item_as_double(i));
-      const float want = overwrite ? x_i : (dst0.data<float>()[i] + x_i) + x_i;
-      ASSERT_EQ(float(got[size_t(i)]), want) << "element " << i;
+    for (DType src_dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(fmt::format("accumulate float32 {}= {} (seed {})", overwrite ? "" : "+",
+                               dtype_name(src_dt), seed));
+      const Shape s{1031, 3};
+      Tensor dst0 = random_host(s, DType::kF32, rng, -1, 1);
+      Tensor src = random_host(s, src_dt, rng, -1, 1);
+      Graph g;
+      Builder b(g);
+      ValueId d = b.persistent("dst", {s, DType::kF32}, ValueRole::kState);
+      ValueId x = b.input("src", {s, src_dt});
+      ops::accumulate(b, d, x, overwrite);
+      Tensor dd = to_device(be, dst0);
+      Executor ex(g, plan_memory(g, DeviceType::kCUDA), be, nullptr);
+      ex.bind(d, dd);
+      ex.prepare();
+      be.copy(ex.tensor(x).raw(), src.raw(), src.nbytes(), CopyKind::kHostToDevice, be.stream(0));
+      ex.run();
+      ex.run();  // twice: dst += 2 src, or dst = src
+      std::vector<double> got = host_values(to_host(be, dd));
+      for (int64_t i = 0; i < s.numel(); ++i) {
+        const float x_i = float(src.item_as_double(i));
+        const float want = overwrite ? x_i : (dst0.data<float>()[i] + x_i) + x_i;
+        ASSERT_EQ(float(got[size_t(i)]), want) << "element " << i;
+      }
     }
-  }
 }
 
 // One fused AdamW step on the GPU against the CPU kernel, with clipping active (max_norm below

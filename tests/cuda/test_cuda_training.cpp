@@ -37,8 +37,8 @@ struct TrackingBar {
   double step_tol, mean_tol;
 };
 const TrackingBar kLlamaBar{{}, 1e-2, 2e-3};
-const TrackingBar kDeepSeekBar{{"--optimizer.lr", "3e-4", "--lr_scheduler.warmup_steps", "10"},
-                               1e-2, 3e-3};
+const TrackingBar kDeepSeekBar{
+    {"--optimizer.lr", "3e-4", "--lr_scheduler.warmup_steps", "10"}, 1e-2, 3e-3};
 constexpr double kFp32Tol = 1e-4;
 
 Runtime& runtime() {
@@ -52,8 +52,8 @@ Runtime& runtime() {
 
 std::string corpus_path() {
   const char* env = std::getenv("MESHTRAIN_SOURCE_DIR");
-  std::filesystem::path dir = env && *env ? std::filesystem::path(env)
-                                          : std::filesystem::current_path();
+  std::filesystem::path dir =
+      env && *env ? std::filesystem::path(env) : std::filesystem::current_path();
   std::filesystem::path p = dir / "ARCHITECTURE.md";
   if (!std::filesystem::exists(p))
     ADD_FAILURE() << "no corpus: " << p << " does not exist (set MESHTRAIN_SOURCE_DIR to the "
@@ -64,15 +64,34 @@ std::string corpus_path() {
 // The debug flavor of `model` on `device`, small batch, fixed seed, no files written.
 JobConfig debug_job(const std::string& model, const std::string& device, int steps,
                     const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> o = {
-      "--model.name", model,              "--model.flavor", "debugmodel",
-      "--job.device", device,             "--training.dataset", "text",
-      "--training.dataset_path", corpus_path(),
-      "--training.seq_len", "128",        "--training.local_batch_size", "2",
-      "--training.steps", std::to_string(steps), "--training.seed", "11",
-      "--optimizer.lr", "8e-4",           "--lr_scheduler.warmup_steps", "5",
-      "--metrics.log_freq", "1000",       "--metrics.enable_jsonl", "false",
-      "--job.dump_folder", "/tmp/meshtrain_cuda_test_outputs"};
+  std::vector<std::string> o = {"--model.name",
+                                model,
+                                "--model.flavor",
+                                "debugmodel",
+                                "--job.device",
+                                device,
+                                "--training.dataset",
+                                "text",
+                                "--training.dataset_path",
+                                corpus_path(),
+                                "--training.seq_len",
+                                "128",
+                                "--training.local_batch_size",
+                                "2",
+                                "--training.steps",
+                                std::to_string(steps),
+                                "--training.seed",
+                                "11",
+                                "--optimizer.lr",
+                                "8e-4",
+                                "--lr_scheduler.warmup_steps",
+                                "5",
+                                "--metrics.log_freq",
+                                "1000",
+                                "--metrics.enable_jsonl",
+                                "false",
+                                "--job.dump_folder",
+                                "/tmp/meshtrain_cuda_test_outputs"};
   o.insert(o.end(), extra.begin(), extra.end());
   return parse_job_config("", o);
 }
@@ -95,8 +114,7 @@ void expect_fp32_cuda_matches_cpu(const std::string& model) {
   ASSERT_EQ(cpu.size(), gpu.size());
   for (size_t i = 0; i < cpu.size(); ++i) {
     EXPECT_LE(rel(gpu[i].loss, cpu[i].loss), kFp32Tol)
-        << model << " step " << i + 1 << ": cuda loss " << gpu[i].loss << ", cpu "
-        << cpu[i].loss;
+        << model << " step " << i + 1 << ": cuda loss " << gpu[i].loss << ", cpu " << cpu[i].loss;
     EXPECT_LE(rel(gpu[i].grad_norm, cpu[i].grad_norm), kFp32Tol)
         << model << " step " << i + 1 << ": cuda grad_norm " << gpu[i].grad_norm << ", cpu "
         << cpu[i].grad_norm;
@@ -126,10 +144,11 @@ void expect_bf16_tracks_fp32(const std::string& model, const TrackingBar& bar) {
   EXPECT_LT(f32.back().loss, 0.8 * f32.front().loss) << model << " fp32 must learn";
   EXPECT_LT(b16.back().loss, 0.8 * b16.front().loss) << model << " bf16 must learn";
   std::fflush(stdout);
-  std::printf("[ bf16 vs fp32 ] %s: %d steps, mean rel diff %.2e, worst %.2e, loss %.4f -> %.4f "
-              "(fp32 %.4f -> %.4f)\n",
-              model.c_str(), steps, mean, worst, b16.front().loss, b16.back().loss,
-              f32.front().loss, f32.back().loss);
+  std::printf(
+      "[ bf16 vs fp32 ] %s: %d steps, mean rel diff %.2e, worst %.2e, loss %.4f -> %.4f "
+      "(fp32 %.4f -> %.4f)\n",
+      model.c_str(), steps, mean, worst, b16.front().loss, b16.back().loss, f32.front().loss,
+      f32.back().loss);
 }
 
 TEST(CudaTraining, Llama3DebugFp32MatchesCpuFor5Steps) { expect_fp32_cuda_matches_cpu("llama3"); }
@@ -138,7 +157,9 @@ TEST(CudaTraining, DeepSeekV3DebugFp32MatchesCpuFor5Steps) {
   expect_fp32_cuda_matches_cpu("deepseek_v3");
 }
 
-TEST(CudaTraining, Llama3DebugBf16TracksFp32For50Steps) { expect_bf16_tracks_fp32("llama3", kLlamaBar); }
+TEST(CudaTraining, Llama3DebugBf16TracksFp32For50Steps) {
+  expect_bf16_tracks_fp32("llama3", kLlamaBar);
+}
 
 TEST(CudaTraining, DeepSeekV3DebugBf16TracksFp32For50Steps) {
   expect_bf16_tracks_fp32("deepseek_v3", kDeepSeekBar);

@@ -16,8 +16,7 @@
 namespace meshtrain::testing {
 
 uint64_t fresh_seed() {
-  return uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count()) |
-         1;
+  return uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count()) | 1;
 }
 
 namespace {
@@ -31,7 +30,8 @@ void fill_input(const Tensor& t, const InputSpec& s, std::mt19937_64& rng) {
     if (!s.values.empty()) {
       v = s.values[size_t(i)];
     } else if (!is_floating(s.dtype)) {
-      v = double(std::uniform_int_distribution<int64_t>(0, std::max<int64_t>(s.int_high, 1) - 1)(rng));
+      v = double(
+          std::uniform_int_distribution<int64_t>(0, std::max<int64_t>(s.int_high, 1) - 1)(rng));
     } else {
       v = std::uniform_real_distribution<double>(s.lo, s.hi)(rng);
     }
@@ -116,7 +116,8 @@ GradCheckReport gradcheck(const std::vector<InputSpec>& specs, const BuildFn& bu
     std::vector<int64_t> idx(static_cast<size_t>(n));
     for (int64_t k = 0; k < n; ++k) idx[size_t(k)] = k;
     std::shuffle(idx.begin(), idx.end(), rng);
-    if (int64_t(idx.size()) > opt.max_elements_per_input) idx.resize(size_t(opt.max_elements_per_input));
+    if (int64_t(idx.size()) > opt.max_elements_per_input)
+      idx.resize(size_t(opt.max_elements_per_input));
     double max_num = 0, max_diff = 0;
     int64_t worst = -1;
     for (int64_t k : idx) {

@@ -26,10 +26,10 @@ struct InputSpec {
 
 struct GradCheckOptions {
   double eps = 1e-6;
-  double tolerance = 1e-6;        // max |analytic - numeric| / max(|numeric|_inf, floor)
-  double floor = 1e-3;            // keeps relative error meaningful for tiny gradients
+  double tolerance = 1e-6;          // max |analytic - numeric| / max(|numeric|_inf, floor)
+  double floor = 1e-3;              // keeps relative error meaningful for tiny gradients
   int max_elements_per_input = 48;  // sampled elements per input (all when fewer)
-  uint64_t seed = 0;              // 0: a fresh seed each run (printed on failure)
+  uint64_t seed = 0;                // 0: a fresh seed each run (printed on failure)
 };
 
 struct GradCheckReport {

@@ -8,19 +8,21 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/check.h"
-#include "test_support.h"
 #include "meshtrain/core/config.h"
 #include "meshtrain/train/job_config.h"
+#include "test_support.h"
 
 namespace meshtrain {
 namespace {
 namespace fs = std::filesystem;
 using Args = std::vector<std::string>;
 
-
 class ConfigTest : public testing::TempDirTest {};
 
-template <typename F> std::string config_error(F&& f) { return testing::error_message<ConfigError>(f); }
+template <typename F>
+std::string config_error(F&& f) {
+  return testing::error_message<ConfigError>(f);
+}
 
 JobConfig parse_text(ConfigTest* t, const std::string& toml, const Args& overrides = {}) {
   (void)t;

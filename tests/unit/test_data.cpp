@@ -12,19 +12,21 @@
 #include <map>
 
 #include "meshtrain/core/check.h"
-#include "test_support.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/text_dataset.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/tensor/allocator.h"
+#include "test_support.h"
 
 namespace meshtrain {
 namespace {
 namespace fs = std::filesystem;
 
-
-template <typename F> std::string data_error(F&& f) { return testing::error_message<DataError>(f); }
+template <typename F>
+std::string data_error(F&& f) {
+  return testing::error_message<DataError>(f);
+}
 
 class DataTest : public testing::TempDirTest {};
 

@@ -21,7 +21,6 @@ using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
 
-
 // dim 32, 1 dense + 1 MoE layer, 4 experts top-2 + 1 shared; YaRN and mscale active from
 // seq_len 5 on (original_seq_len 4); groups padded to 4 rows.
 DeepSeekV3Args tiny_args(int64_t q_lora_rank) {

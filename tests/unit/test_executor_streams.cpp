@@ -49,9 +49,12 @@ class RecBackend final : public Backend {
   Stream& stream(int i) override { return *streams_.at(size_t(i)); }
   int num_streams() const override { return int(streams_.size()); }
   void ensure_streams(int n) override {
-    while (int(streams_.size()) < n) streams_.push_back(std::make_unique<RecStream>(int(streams_.size())));
+    while (int(streams_.size()) < n)
+      streams_.push_back(std::make_unique<RecStream>(int(streams_.size())));
   }
-  std::unique_ptr<Event> create_event(bool) override { return std::make_unique<RecEvent>(log_, next_++); }
+  std::unique_ptr<Event> create_event(bool) override {
+    return std::make_unique<RecEvent>(log_, next_++);
+  }
   void copy(void* d, const void* s, size_t n, CopyKind, Stream&) override { std::memcpy(d, s, n); }
   void fill_zero(void* d, size_t n, Stream&) override { std::memset(d, 0, n); }
   void synchronize() override {}
@@ -69,7 +72,8 @@ class LogObserver final : public NodeObserver {
  public:
   explicit LogObserver(Log& log) : log_(log) {}
   void before(const Node& n, Stream& s) override {
-    log_.lines.push_back(fmt::format("run {} s{}", n.attrs.s("tag", n.op), static_cast<RecStream&>(s).id));
+    log_.lines.push_back(
+        fmt::format("run {} s{}", n.attrs.s("tag", n.op), static_cast<RecStream&>(s).id));
   }
   void after(const Node&, Stream&) override {}
 

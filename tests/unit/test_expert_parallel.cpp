@@ -10,7 +10,7 @@
 namespace meshtrain {
 namespace {
 
-const std::vector<std::string> kDs = {"--model.name", "deepseek_v3", "--model.n_layers", "2",
+const std::vector<std::string> kDs = {"--model.name",   "deepseek_v3", "--model.n_layers", "2",
                                       "--model.flavor", "debugmodel"};
 
 std::unique_ptr<StepGraph> ds_graph(int world, std::vector<std::string> extra, int rank = 0) {
@@ -22,8 +22,10 @@ std::unique_ptr<StepGraph> ds_graph(int world, std::vector<std::string> extra, i
 }
 
 TEST(ExpertParallel, ExpertsShardOnEpThenFsdpAlongDim0WhenTheLocalExpertsDivide) {
-  auto sg = ds_graph(4, {"--parallelism.data_parallel_shard_degree", "4",
-                         "--parallelism.expert_parallel_degree", "2"}, 3);
+  auto sg = ds_graph(4,
+                     {"--parallelism.data_parallel_shard_degree", "4",
+                      "--parallelism.expert_parallel_degree", "2"},
+                     3);
   const ParamInfo& w1 = sg->plan->info("layers.1.moe.experts.w1");  // [8, 256, 256]
   EXPECT_EQ(w1.placement_string(), "ep: Shard(0), efsdp: Shard(0)");
   EXPECT_EQ(w1.local_shape, (Shape{2, 256, 256}));
@@ -43,10 +45,10 @@ TEST(ExpertParallel, ExpertsShardAlongDim1WhenTheLocalExpertsDoNotDivide) {
 }
 
 TEST(ExpertParallel, ExpertTensorParallelShardsHiddenColumnsAndRows) {
-  auto sg = ds_graph(4, {"--parallelism.data_parallel_shard_degree", "2",
-                         "--parallelism.tensor_parallel_degree", "2",
-                         "--parallelism.expert_parallel_degree", "2",
-                         "--parallelism.expert_tensor_parallel_degree", "2"});
+  auto sg = ds_graph(
+      4, {"--parallelism.data_parallel_shard_degree", "2", "--parallelism.tensor_parallel_degree",
+          "2", "--parallelism.expert_parallel_degree", "2",
+          "--parallelism.expert_tensor_parallel_degree", "2"});
   EXPECT_EQ(sg->plan->info("layers.1.moe.experts.w1").placement_string(),
             "ep: Shard(0), etp: Shard(1)");
   EXPECT_EQ(sg->plan->info("layers.1.moe.experts.w2").placement_string(),

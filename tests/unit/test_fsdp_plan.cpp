@@ -69,8 +69,7 @@ TEST(Fsdp, ReshardAfterForwardLowersPlannedPeakByTheReleasedWeights) {
   for (int l = 0; l < 2; ++l) {
     int64_t bytes = 0;
     for (const ParamInfo& p : free->plan->params())
-      if (p.name.rfind(fmt::format("layers.{}.", l), 0) == 0)
-        bytes += p.global_shape.numel() * 4;
+      if (p.name.rfind(fmt::format("layers.{}.", l), 0) == 0) bytes += p.global_shape.numel() * 4;
     largest_layer = std::max(largest_layer, bytes);
   }
   EXPECT_GT(saved, 0);
@@ -119,7 +118,8 @@ TEST(Placement, RedistributeEmitsTheCollectiveAndAutodiffItsReverse) {
   ValueId part = redistribute(b, full, Placement::partial(), Placement::shard(0), "tp", 4);
   EXPECT_EQ(g.node(g.value(part).producer).op, "reduce_scatter");
   EXPECT_EQ(redistribute(b, x, Placement::replicate(), Placement::replicate(), "tp", 4), x);
-  EXPECT_THROW(redistribute(b, x, Placement::replicate(), Placement::shard(0), "tp", 4), ValueError);
+  EXPECT_THROW(redistribute(b, x, Placement::replicate(), Placement::shard(0), "tp", 4),
+               ValueError);
   EXPECT_EQ(Placement::partial().to_string(), "Partial(sum)");
 }
 

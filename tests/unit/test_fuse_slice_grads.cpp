@@ -6,10 +6,10 @@
 #include <random>
 
 #include "meshtrain/graph/autodiff.h"
-#include "meshtrain/ir/builder.h"
 #include "meshtrain/graph/executor.h"
 #include "meshtrain/graph/memory_plan.h"
 #include "meshtrain/graph/passes/fuse_slice_grads.h"
+#include "meshtrain/ir/builder.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/runtime/backend.h"
@@ -30,7 +30,8 @@ std::unique_ptr<Built> build(const std::vector<std::pair<int64_t, int64_t>>& win
   r->w = b.input("w", {Shape{2, 5, 9}, DType::kF64});
   ValueId loss = kNoValue;
   for (auto [start, len] : windows) {
-    ValueId p = ops::mul(b, ops::slice(b, r->x, -1, start, len), ops::slice(b, r->w, 2, start, len));
+    ValueId p =
+        ops::mul(b, ops::slice(b, r->x, -1, start, len), ops::slice(b, r->w, 2, start, len));
     ValueId t = ops::sum(b, ops::mul(b, p, p));  // a nonlinear use: dx depends on x
     loss = loss == kNoValue ? t : ops::add(b, loss, t);
   }
@@ -76,7 +77,7 @@ TEST(FuseSliceGrads, TilingPiecesBecomeOneConcatWithIdenticalGradients) {
 }
 
 TEST(FuseSliceGrads, GapsAndOverlapsAreLeftAlone) {
-  for (auto windows : {std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {5, 4}},  // gap at 4
+  for (auto windows : {std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {5, 4}},     // gap at 4
                        std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {4, 5}}}) {  // overlap
     auto g = build(windows);
     const int before = count(g->g, "slice_backward");

@@ -20,11 +20,14 @@ TEST(GradCheck, AddMulScale) {
 }
 
 TEST(GradCheck, CastRoundTripAndReshape) {
-  expect_grad_ok(gradcheck({{Shape{4, 6}}}, [](Builder& b, const std::vector<ValueId>& x) {
-    ValueId y = ops::cast(b, ops::cast(b, x[0], DType::kF32), DType::kF64);
-    return std::vector<ValueId>{ops::reshape(b, y, Shape{2, 12})};
-    // Linear in x, so a large step has no truncation error and swamps float32 rounding.
-  }, {.eps = 0.5}));
+  expect_grad_ok(gradcheck({{Shape{4, 6}}},
+                           [](Builder& b, const std::vector<ValueId>& x) {
+                             ValueId y = ops::cast(b, ops::cast(b, x[0], DType::kF32), DType::kF64);
+                             return std::vector<ValueId>{ops::reshape(b, y, Shape{2, 12})};
+                             // Linear in x, so a large step has no truncation error and swamps
+                             // float32 rounding.
+                           },
+                           {.eps = 0.5}));
 }
 
 TEST(GradCheck, MatmulAllTransposes) {
@@ -73,11 +76,10 @@ TEST(Ops, MatmulInnerDimMismatchNamesShapes) {
 TEST(Ops, CastToBf16RoundsToNearestEven) {
   // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1+2^-7: ties go to even (1.0).
   std::vector<float> v = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -2.5f};
-  auto out = testing::run_forward({Tensor::from_vector(v, Shape{3})},
-                                  [](Builder& b, const std::vector<ValueId>& x) {
-                                    return std::vector<ValueId>{ops::cast(
-                                        b, ops::cast(b, x[0], DType::kBF16), DType::kF32)};
-                                  });
+  auto out = testing::run_forward(
+      {Tensor::from_vector(v, Shape{3})}, [](Builder& b, const std::vector<ValueId>& x) {
+        return std::vector<ValueId>{ops::cast(b, ops::cast(b, x[0], DType::kBF16), DType::kF32)};
+      });
   std::vector<float> got = out[0].to_vector<float>();
   EXPECT_EQ(got[0], 1.0f);
   EXPECT_EQ(got[1], 1.0f + 4.0f / 256);

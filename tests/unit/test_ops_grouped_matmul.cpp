@@ -19,7 +19,6 @@ using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
 
-
 // 4 experts over a 12-row buffer: rows 0..2, 4..7, none (expert 2), 8..10; rows 3 and 11 unused.
 constexpr int64_t kE = 4, kRows = 12;
 const std::vector<double> kGroups = {0, 4, 8, 8, 3, 4, 0, 3};

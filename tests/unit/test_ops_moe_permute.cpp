@@ -16,7 +16,6 @@ using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
 
-
 // T = 5 tokens, k = 2, E = 4 experts; expert 2 receives nothing; alignment 4.
 const std::vector<double> kIds = {1, 0, 3, 1, 0, 1, 3, 0, 1, 3};
 constexpr int64_t kT = 5, kK = 2, kE = 4, kAlign = 4;

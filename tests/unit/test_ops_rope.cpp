@@ -249,12 +249,12 @@ TEST(OpsRope, WindowRotatesTheTailAndCopiesTheRest) {
   std::mt19937_64 rng(seed);
   const Shape s{2, 4, 3, 14};  // 6 copied columns, 8 rotated
   std::vector<double> x = random_values(s.numel(), rng);
-  auto out = testing::run_forward({Tensor::from_vector(x, s)}, [&](Builder& b,
-                                                                   const std::vector<ValueId>& in) {
-    ValueId t = ops::rope_table(b, 4, 8, llama3_config(), DType::kF64);
-    return std::vector<ValueId>{ops::rope(b, in[0], t, false, 6),
-                                ops::rope(b, ops::slice(b, in[0], -1, 6, 8), t)};
-  });
+  auto out = testing::run_forward(
+      {Tensor::from_vector(x, s)}, [&](Builder& b, const std::vector<ValueId>& in) {
+        ValueId t = ops::rope_table(b, 4, 8, llama3_config(), DType::kF64);
+        return std::vector<ValueId>{ops::rope(b, in[0], t, false, 6),
+                                    ops::rope(b, ops::slice(b, in[0], -1, 6, 8), t)};
+      });
   std::vector<double> y = out[0].to_vector<double>(), tail = out[1].to_vector<double>();
   for (int64_t r = 0; r < s.numel() / 14; ++r)
     for (int64_t j = 0; j < 14; ++j) {

@@ -13,11 +13,10 @@
 
 namespace meshtrain {
 namespace {
-using testing::expect_grad_ok;
 using ops::RouterConfig;
+using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
-
 
 struct Routed {
   std::vector<int32_t> ids;

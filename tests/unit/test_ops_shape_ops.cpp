@@ -186,10 +186,12 @@ TEST(ShapeOps, Transpose01SwapsTheLeadingDimsAndIsItsOwnBackward) {
                                   });
   EXPECT_EQ(out[0].shape(), (Shape{3, 2, 2}));
   // out[q][p] = in[p][q]
-  EXPECT_EQ(out[0].to_vector<double>(), (std::vector<double>{0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11}));
-  testing::expect_grad_ok(testing::gradcheck({{Shape{3, 4, 5}}}, [](Builder& b, const std::vector<ValueId>& x) {
-    return std::vector<ValueId>{ops::transpose01(b, x[0])};
-  }));
+  EXPECT_EQ(out[0].to_vector<double>(),
+            (std::vector<double>{0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11}));
+  testing::expect_grad_ok(
+      testing::gradcheck({{Shape{3, 4, 5}}}, [](Builder& b, const std::vector<ValueId>& x) {
+        return std::vector<ValueId>{ops::transpose01(b, x[0])};
+      }));
 }
 }  // namespace
 }  // namespace meshtrain

@@ -15,7 +15,10 @@ namespace meshtrain {
 namespace {
 
 TEST(LrSchedule, WarmupThenLinearDecayAsTorchtitan) {
-  LrSchedule s({.lr = 1.0, .warmup_steps = 4, .decay_type = "linear", .min_lr_factor = 0.0,
+  LrSchedule s({.lr = 1.0,
+                .warmup_steps = 4,
+                .decay_type = "linear",
+                .min_lr_factor = 0.0,
                 .training_steps = 10});
   // warmup: (step+1)/(warmup+1); decay over 6 steps: progress = (step+1-4)/(6+1)
   EXPECT_DOUBLE_EQ(s.factor(0), 1.0 / 5);
@@ -26,8 +29,12 @@ TEST(LrSchedule, WarmupThenLinearDecayAsTorchtitan) {
 }
 
 TEST(LrSchedule, StablePhaseSqrtCosineAndMinFactor) {
-  LrSchedule wsd({.lr = 2.0, .warmup_steps = 2, .decay_ratio = 0.5, .decay_type = "cosine",
-                  .min_lr_factor = 0.1, .training_steps = 10});
+  LrSchedule wsd({.lr = 2.0,
+                  .warmup_steps = 2,
+                  .decay_ratio = 0.5,
+                  .decay_type = "cosine",
+                  .min_lr_factor = 0.1,
+                  .training_steps = 10});
   // decay 5 steps, stable 3 (steps 2..4)
   EXPECT_DOUBLE_EQ(wsd.factor(2), 1.0);
   EXPECT_DOUBLE_EQ(wsd.factor(4), 1.0);
@@ -49,7 +56,8 @@ TEST(AdamW, TwoStepsMatchTorchArithmeticWithClipping) {
   auto backend = create_backend("cpu", 0);
   ParamStore store(plan, *backend);
   store.initialize(1);
-  ops::AdamWParams hp{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
+  ops::AdamWParams hp{
+      .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
   Optimizer opt(store, hp, *backend, nullptr);
 
   std::vector<double> p = {0.5, 0.5, 0.5}, m(3, 0), v(3, 0);

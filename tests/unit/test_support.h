@@ -26,7 +26,8 @@ JobConfig tiny_job(const std::vector<std::string>& overrides = {});
 #define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(::meshtrain::testing::contains, text, part)
 
 // The message of the error of type E that `f` throws (fails the test when it throws nothing).
-template <typename E, typename F> std::string error_message(F&& f) {
+template <typename E, typename F>
+std::string error_message(F&& f) {
   try {
     f();
   } catch (const E& e) {

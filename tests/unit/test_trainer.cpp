@@ -48,8 +48,8 @@ TEST(Trainer, LossFallsOnRealText) {
 }
 
 TEST(Trainer, GradientAccumulationMatchesOneBigBatchInFloat64) {
-  std::vector<std::string> f64 = {"--training.mixed_precision_param", "float64",
-                                  "--training.master_dtype", "float64",
+  std::vector<std::string> f64 = {"--training.mixed_precision_param",  "float64",
+                                  "--training.master_dtype",           "float64",
                                   "--training.mixed_precision_reduce", "float64"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), f64.begin(), f64.end());
@@ -100,10 +100,15 @@ TEST(Llama3, WholeModelGradCheckFloat64) {
   }
   ex.tensor(in.token_count).data<int64_t>()[0] = B * S;
   ex.run();
-  const std::vector<std::string> names = {"tok_embeddings.weight", "layers.0.attention.wq.weight",
-                                          "layers.0.attention.wk.weight", "layers.1.attention.wo.weight",
-                                          "layers.0.attention_norm.weight", "layers.1.feed_forward.w1.weight",
-                                          "layers.1.feed_forward.w2.weight", "norm.weight", "output.weight"};
+  const std::vector<std::string> names = {"tok_embeddings.weight",
+                                          "layers.0.attention.wq.weight",
+                                          "layers.0.attention.wk.weight",
+                                          "layers.1.attention.wo.weight",
+                                          "layers.0.attention_norm.weight",
+                                          "layers.1.feed_forward.w1.weight",
+                                          "layers.1.feed_forward.w2.weight",
+                                          "norm.weight",
+                                          "output.weight"};
   std::map<std::string, std::vector<double>> analytic;
   for (const auto& n : names)
     analytic[n] = ex.tensor(grads.grad_of(plan.info(n).master)).to_vector<double>();
@@ -168,8 +173,10 @@ TEST(ActivationCheckpoint, EveryModeGivesBitwiseIdenticalStepsAndFullUsesLessMem
   const std::vector<std::vector<std::string>> modes = {
       {"--activation_checkpoint.mode", "none"},
       {"--activation_checkpoint.mode", "full"},
-      {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"},
-      {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"}};
+      {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option",
+       "op"},
+      {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option",
+       "2"}};
   std::vector<std::vector<StepRecord>> runs;
   std::vector<int64_t> peak;
   for (const auto& m : modes) {

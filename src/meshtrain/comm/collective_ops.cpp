@@ -41,45 +41,52 @@ void register_kernel_all(const std::string& op, KernelFn fn) {
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
   r.add_op({.name = "all_gather",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs& a) {
-              return std::vector<TensorMeta>{scaled_dim0(in.at(0), a.i("group_size"), 1, "all_gather")};
-            },
-            .backward = [](GradContext& c) {
-              return std::vector<ValueId>{reduce_scatter(c.b, c.grad_out(0), c.attrs().s("group"),
-                                                         int(c.attrs().i("group_size")))};
-            },
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs& a) {
+                  return std::vector<TensorMeta>{
+                      scaled_dim0(in.at(0), a.i("group_size"), 1, "all_gather")};
+                },
+            .backward =
+                [](GradContext& c) {
+                  return std::vector<ValueId>{reduce_scatter(
+                      c.b, c.grad_out(0), c.attrs().s("group"), int(c.attrs().i("group_size")))};
+                },
             .collective = true});
   r.add_op({.name = "reduce_scatter",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs& a) {
-              return std::vector<TensorMeta>{scaled_dim0(in.at(0), 1, a.i("group_size"), "reduce_scatter")};
-            },
-            .backward = [](GradContext& c) {
-              return std::vector<ValueId>{all_gather(c.b, c.grad_out(0), c.attrs().s("group"),
-                                                     int(c.attrs().i("group_size")))};
-            },
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs& a) {
+                  return std::vector<TensorMeta>{
+                      scaled_dim0(in.at(0), 1, a.i("group_size"), "reduce_scatter")};
+                },
+            .backward =
+                [](GradContext& c) {
+                  return std::vector<ValueId>{all_gather(c.b, c.grad_out(0), c.attrs().s("group"),
+                                                         int(c.attrs().i("group_size")))};
+                },
             .collective = true});
   r.add_op({.name = "all_reduce",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
-              return std::vector<TensorMeta>{in.at(0)};
-            },
-            .backward = [](GradContext& c) {
-              auto mode = AllReduceGrad(c.attrs().i("grad"));
-              MT_CHECK(mode != AllReduceGrad::kNone,
-                       "all_reduce over {} at '{}' is not differentiable (built with kNone)",
-                       c.attrs().s("group"), c.node.scope);
-              if (mode == AllReduceGrad::kIdentity) return std::vector<ValueId>{c.grad_out(0)};
-              return std::vector<ValueId>{all_reduce(c.b, c.grad_out(0), c.attrs().s("group"),
-                                                     ReduceOp::kSum, AllReduceGrad::kAllReduce)};
-            },
+            .infer = [](const std::vector<TensorMeta>& in,
+                        const Attrs&) { return std::vector<TensorMeta>{in.at(0)}; },
+            .backward =
+                [](GradContext& c) {
+                  auto mode = AllReduceGrad(c.attrs().i("grad"));
+                  MT_CHECK(mode != AllReduceGrad::kNone,
+                           "all_reduce over {} at '{}' is not differentiable (built with kNone)",
+                           c.attrs().s("group"), c.node.scope);
+                  if (mode == AllReduceGrad::kIdentity) return std::vector<ValueId>{c.grad_out(0)};
+                  return std::vector<ValueId>{all_reduce(c.b, c.grad_out(0), c.attrs().s("group"),
+                                                         ReduceOp::kSum,
+                                                         AllReduceGrad::kAllReduce)};
+                },
             .collective = true});
   r.add_op({.name = "replicate_grad",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
-              return std::vector<TensorMeta>{in.at(0)};
-            },
-            .backward = [](GradContext& c) {
-              return std::vector<ValueId>{all_reduce(c.b, c.grad_out(0), c.attrs().s("group"),
-                                                     ReduceOp::kSum, AllReduceGrad::kIdentity)};
-            },
+            .infer = [](const std::vector<TensorMeta>& in,
+                        const Attrs&) { return std::vector<TensorMeta>{in.at(0)}; },
+            .backward =
+                [](GradContext& c) {
+                  return std::vector<ValueId>{all_reduce(c.b, c.grad_out(0), c.attrs().s("group"),
+                                                         ReduceOp::kSum, AllReduceGrad::kIdentity)};
+                },
             .view_of_input = 0});
 
   register_kernel_all("all_gather", [](KernelContext& c) {

@@ -17,7 +17,7 @@ ValueId all_gather(Builder& b, ValueId x, const std::string& group, int group_si
 ValueId reduce_scatter(Builder& b, ValueId x, const std::string& group, int group_size);
 
 enum class AllReduceGrad : uint8_t {
-  kIdentity,   // Partial -> Replicate feeding replicated compute (Megatron's g): grad passes through
+  kIdentity,  // Partial -> Replicate feeding replicated compute (Megatron's g): grad passes through
   kAllReduce,  // the sum feeds per-rank losses that are all counted (grads are summed back)
   kNone,       // not differentiated (optimizer graph, metrics)
 };

@@ -110,8 +110,8 @@ KernelFn exchange_kernel(bool to_experts) {
 
 }  // namespace
 
-EpLayout ep_counts(Builder& b, ValueId groups, const std::string& group, int ep,
-                   int64_t alignment, int64_t choices) {
+EpLayout ep_counts(Builder& b, ValueId groups, const std::string& group, int ep, int64_t alignment,
+                   int64_t choices) {
   auto outs = b.op("ep_counts", {groups},
                    {{"group", group}, {"ep", int64_t(ep)}, {"alignment", alignment}});
   const int64_t el = b.shape(outs[1])[1];
@@ -133,15 +133,17 @@ ValueId ep_from_experts(Builder& b, ValueId y_local, ValueId groups, const EpLay
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
   r.add_op({.name = "ep_counts",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs& a) {
-              check_int_matrix(in.at(0), 2, "groups", "ep_counts");
-              const int64_t ep = a.i("ep"), E = in[0].shape[1];
-              MT_CHECK_T(ConfigError, E % ep == 0,
-                         "expert parallel: num_experts {} must divide by expert_parallel_degree {}",
-                         E, ep);
-              return std::vector<TensorMeta>{{Shape{ep, E / ep}, DType::kI32},
-                                             {Shape{2, E / ep}, DType::kI32}};
-            },
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs& a) {
+                  check_int_matrix(in.at(0), 2, "groups", "ep_counts");
+                  const int64_t ep = a.i("ep"), E = in[0].shape[1];
+                  MT_CHECK_T(
+                      ConfigError, E % ep == 0,
+                      "expert parallel: num_experts {} must divide by expert_parallel_degree {}", E,
+                      ep);
+                  return std::vector<TensorMeta>{{Shape{ep, E / ep}, DType::kI32},
+                                                 {Shape{2, E / ep}, DType::kI32}};
+                },
             .collective = true});
   auto infer_exchange = [](const std::vector<TensorMeta>& in, const Attrs& a) {
     MT_CHECK_T(ShapeError, in.size() == 4 && in[0].shape.rank() == 2,
@@ -150,24 +152,26 @@ MT_REGISTER_OPS {
   };
   r.add_op({.name = "ep_to_experts",
             .infer = infer_exchange,
-            .backward = [](GradContext& c) {
-              EpLayout l{c.in(2), c.in(3), 0};
-              return std::vector<ValueId>{
-                  ep_from_experts(c.b, c.grad_out(0), c.in(1), l, c.b.shape(c.in(0))[0],
-                                  c.attrs().s("group")),
-                  kNoValue, kNoValue, kNoValue};
-            },
+            .backward =
+                [](GradContext& c) {
+                  EpLayout l{c.in(2), c.in(3), 0};
+                  return std::vector<ValueId>{
+                      ep_from_experts(c.b, c.grad_out(0), c.in(1), l, c.b.shape(c.in(0))[0],
+                                      c.attrs().s("group")),
+                      kNoValue, kNoValue, kNoValue};
+                },
             .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
                             const Attrs&, DeviceType) { return exchange_bytes(in, out, true); },
             .collective = true});
   r.add_op({.name = "ep_from_experts",
             .infer = infer_exchange,
-            .backward = [](GradContext& c) {
-              EpLayout l{c.in(2), c.in(3), c.b.shape(c.in(0))[0]};
-              return std::vector<ValueId>{
-                  ep_to_experts(c.b, c.grad_out(0), c.in(1), l, c.attrs().s("group")), kNoValue,
-                  kNoValue, kNoValue};
-            },
+            .backward =
+                [](GradContext& c) {
+                  EpLayout l{c.in(2), c.in(3), c.b.shape(c.in(0))[0]};
+                  return std::vector<ValueId>{
+                      ep_to_experts(c.b, c.grad_out(0), c.in(1), l, c.attrs().s("group")), kNoValue,
+                      kNoValue, kNoValue};
+                },
             .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
                             const Attrs&, DeviceType) { return exchange_bytes(in, out, false); },
             .collective = true});

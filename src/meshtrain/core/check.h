@@ -34,7 +34,8 @@ class Error : public std::runtime_error {
 
 class ConfigError : public Error {
  public:
-  ConfigError(std::string m, const char* f, int l) : Error(ErrorKind::kConfig, std::move(m), f, l) {}
+  ConfigError(std::string m, const char* f, int l)
+      : Error(ErrorKind::kConfig, std::move(m), f, l) {}
 };
 class ShapeError : public Error {
  public:
@@ -73,27 +74,27 @@ class InternalError : public Error {
 
 // MT_CHECK(cond, "expected ..., found ...", args...) throws InternalError-free typed errors:
 // use MT_CHECK for programmer/invariant errors and MT_CHECK_T for user-facing ones.
-#define MT_CHECK(cond, ...)                                                                  \
-  do {                                                                                       \
-    if (!(cond)) [[unlikely]]                                                                \
-      throw ::meshtrain::InternalError(                                                      \
+#define MT_CHECK(cond, ...)                                                                \
+  do {                                                                                     \
+    if (!(cond)) [[unlikely]]                                                              \
+      throw ::meshtrain::InternalError(                                                    \
           fmt::format("check '{}' failed: {}", #cond, fmt::format(__VA_ARGS__)), __FILE__, \
-          __LINE__);                                                                         \
+          __LINE__);                                                                       \
   } while (0)
 
-#define MT_CHECK_T(Type, cond, ...)                                                     \
-  do {                                                                                  \
-    if (!(cond)) [[unlikely]]                                                           \
-      throw ::meshtrain::Type(fmt::format(__VA_ARGS__), __FILE__, __LINE__);            \
+#define MT_CHECK_T(Type, cond, ...)                                          \
+  do {                                                                       \
+    if (!(cond)) [[unlikely]]                                                \
+      throw ::meshtrain::Type(fmt::format(__VA_ARGS__), __FILE__, __LINE__); \
   } while (0)
 
 // Equality check that prints both sides: MT_CHECK_EQ(a.size(), b.size(), "matmul inner dim").
-#define MT_CHECK_EQ(a, b, what)                                                              \
-  do {                                                                                       \
-    const auto& mt_a_ = (a);                                                                 \
-    const auto& mt_b_ = (b);                                                                 \
-    if (!(mt_a_ == mt_b_)) [[unlikely]]                                                      \
-      throw ::meshtrain::ShapeError(                                                         \
+#define MT_CHECK_EQ(a, b, what)                                                             \
+  do {                                                                                      \
+    const auto& mt_a_ = (a);                                                                \
+    const auto& mt_b_ = (b);                                                                \
+    if (!(mt_a_ == mt_b_)) [[unlikely]]                                                     \
+      throw ::meshtrain::ShapeError(                                                        \
           fmt::format("{}: expected {} == {}, found {} vs {}", what, #a, #b, mt_a_, mt_b_), \
-          __FILE__, __LINE__);                                                               \
+          __FILE__, __LINE__);                                                              \
   } while (0)

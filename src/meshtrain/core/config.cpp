@@ -16,7 +16,6 @@
 #include <sstream>
 
 #include "meshtrain/core/check.h"
-
 #include "meshtrain/core/config_coerce.h"
 
 namespace meshtrain {
@@ -132,7 +131,6 @@ std::string KeySpec::accepted() const {
   }
   return "a value";
 }
-
 
 // ---- Schema ---------------------------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 // and the edit-distance suggestions for unknown keys and sections.
 #include "meshtrain/core/config_coerce.h"
 
-
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
@@ -17,7 +16,6 @@
 #include <sstream>
 
 #include "meshtrain/core/check.h"
-
 
 namespace meshtrain {
 namespace config_detail {
@@ -43,9 +41,6 @@ std::string sentinel_text(const KeySpec& s) {
 }
 
 // ---- one coercion path for file and command-line values --------------------------------------
-
-
-
 
 std::string describe(const Raw& r) {
   switch (r.kind) {
@@ -221,10 +216,7 @@ Raw raw_from_toml(const toml::node& n, std::string where) {
   return r;
 }
 
-
 // ---- suggestions ----------------------------------------------------------
-
-
 
 int suggestion_budget(std::string_view typed) { return std::max<int>(2, int(typed.size()) / 3); }
 

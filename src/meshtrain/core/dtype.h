@@ -17,7 +17,9 @@ size_t dtype_size(DType d);
 const char* dtype_name(DType d);
 // Accepts "float32"/"fp32"/"f32", "float64", "bfloat16"/"bf16", "int32", "int64".
 DType parse_dtype(std::string_view name);
-inline bool is_floating(DType d) { return d == DType::kF32 || d == DType::kF64 || d == DType::kBF16; }
+inline bool is_floating(DType d) {
+  return d == DType::kF32 || d == DType::kF64 || d == DType::kBF16;
+}
 
 struct BFloat16 {
   uint16_t bits = 0;
@@ -41,16 +43,33 @@ struct BFloat16 {
 };
 static_assert(sizeof(BFloat16) == 2);
 
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::kF32; }
-template <> constexpr DType dtype_of<double>() { return DType::kF64; }
-template <> constexpr DType dtype_of<BFloat16>() { return DType::kBF16; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::kF64;
+}
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::kBF16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kI64;
+}
 
 }  // namespace meshtrain
 
-template <> struct fmt::formatter<meshtrain::DType> : fmt::formatter<std::string_view> {
+template <>
+struct fmt::formatter<meshtrain::DType> : fmt::formatter<std::string_view> {
   auto format(meshtrain::DType d, format_context& ctx) const {
     return fmt::formatter<std::string_view>::format(meshtrain::dtype_name(d), ctx);
   }
@@ -58,13 +77,19 @@ template <> struct fmt::formatter<meshtrain::DType> : fmt::formatter<std::string
 
 // The one dtype switch for float kernels: runs BODY with `scalar_t` bound to float or double.
 // CPU reference kernels compute in float32 and float64 only; bf16 enters through cast ops.
-#define MT_DISPATCH_FLOAT(dtype, what, ...)                                                \
-  [&] {                                                                                    \
-    switch (dtype) {                                                                       \
-      case ::meshtrain::DType::kF32: { using scalar_t = float; return __VA_ARGS__(); }     \
-      case ::meshtrain::DType::kF64: { using scalar_t = double; return __VA_ARGS__(); }    \
-      default:                                                                             \
-        MT_THROW(ValueError, "{}: expected dtype float32 or float64, found {}", what,      \
-                 ::meshtrain::dtype_name(dtype));                                          \
-    }                                                                                      \
+#define MT_DISPATCH_FLOAT(dtype, what, ...)                                           \
+  [&] {                                                                               \
+    switch (dtype) {                                                                  \
+      case ::meshtrain::DType::kF32: {                                                \
+        using scalar_t = float;                                                       \
+        return __VA_ARGS__();                                                         \
+      }                                                                               \
+      case ::meshtrain::DType::kF64: {                                                \
+        using scalar_t = double;                                                      \
+        return __VA_ARGS__();                                                         \
+      }                                                                               \
+      default:                                                                        \
+        MT_THROW(ValueError, "{}: expected dtype float32 or float64, found {}", what, \
+                 ::meshtrain::dtype_name(dtype));                                     \
+    }                                                                                 \
   }()

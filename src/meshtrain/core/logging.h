@@ -12,13 +12,15 @@ void set_log_rank(int rank, int world_size);
 int log_rank();
 bool log_enabled_here();
 
-void log_line(const std::string& line);           // rank-0 (or all) stdout, flushed
-void log_warning_line(const std::string& line);   // every rank, stderr
+void log_line(const std::string& line);          // rank-0 (or all) stdout, flushed
+void log_warning_line(const std::string& line);  // every rank, stderr
 
-template <typename... Args> void log_info(fmt::format_string<Args...> f, Args&&... args) {
+template <typename... Args>
+void log_info(fmt::format_string<Args...> f, Args&&... args) {
   if (log_enabled_here()) log_line(fmt::format(f, std::forward<Args>(args)...));
 }
-template <typename... Args> void log_warn(fmt::format_string<Args...> f, Args&&... args) {
+template <typename... Args>
+void log_warn(fmt::format_string<Args...> f, Args&&... args) {
   log_warning_line(fmt::format(f, std::forward<Args>(args)...));
 }
 

@@ -55,7 +55,8 @@ class Shape {
 
 }  // namespace meshtrain
 
-template <> struct fmt::formatter<meshtrain::Shape> : fmt::formatter<std::string> {
+template <>
+struct fmt::formatter<meshtrain::Shape> : fmt::formatter<std::string> {
   auto format(const meshtrain::Shape& s, format_context& ctx) const {
     return fmt::formatter<std::string>::format(s.to_string(), ctx);
   }

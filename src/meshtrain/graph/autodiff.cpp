@@ -53,9 +53,10 @@ GradientMap differentiate(Graph& graph, ValueId loss, const std::vector<ValueId>
   };
 
   b.set_scope(graph.value(loss).producer >= 0 ? graph.node(graph.value(loss).producer).scope : "");
-  grad[loss] = b.op1("fill", {}, {{"value", 1.0},
-                                  {"shape", graph.value(loss).meta.shape.dims()},
-                                  {"dtype", int64_t(graph.value(loss).meta.dtype)}});
+  grad[loss] = b.op1("fill", {},
+                     {{"value", 1.0},
+                      {"shape", graph.value(loss).meta.shape.dims()},
+                      {"dtype", int64_t(graph.value(loss).meta.dtype)}});
 
   for (NodeId i = n_nodes - 1; i >= 0; --i) {
     // Copy: backward rules append nodes, which may reallocate the node array.

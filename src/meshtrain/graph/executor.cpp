@@ -16,8 +16,8 @@ Executor::~Executor() = default;
 
 void Executor::bind(ValueId v, Tensor t) {
   const Value& val = graph_.value(v);
-  MT_CHECK(is_persistent(val.role), "bind() is for persistent values; %{} ({}) is {}", v,
-           val.name, value_role_name(val.role));
+  MT_CHECK(is_persistent(val.role), "bind() is for persistent values; %{} ({}) is {}", v, val.name,
+           value_role_name(val.role));
   MT_CHECK(t.shape() == val.meta.shape && t.dtype() == val.meta.dtype,
            "binding {}: expected {} {}, found {} {}", val.name, dtype_name(val.meta.dtype),
            val.meta.shape, dtype_name(t.dtype()), t.shape());
@@ -45,8 +45,12 @@ void Executor::prepare() {
   for (ValueId v = 0; v < graph_.num_values(); ++v) {
     const Value& val = graph_.value(v);
     switch (plan_.region[size_t(v)]) {
-      case MemRegion::kArena: tensors_[size_t(v)] = at(arena_, plan_.offset[size_t(v)], val.meta); break;
-      case MemRegion::kInput: tensors_[size_t(v)] = at(inputs_, plan_.offset[size_t(v)], val.meta); break;
+      case MemRegion::kArena:
+        tensors_[size_t(v)] = at(arena_, plan_.offset[size_t(v)], val.meta);
+        break;
+      case MemRegion::kInput:
+        tensors_[size_t(v)] = at(inputs_, plan_.offset[size_t(v)], val.meta);
+        break;
       case MemRegion::kPersistent:
         if (val.alias_of != kNoValue) {
           const Tensor& root = tensors_.at(size_t(val.alias_of));

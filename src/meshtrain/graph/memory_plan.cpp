@@ -91,9 +91,18 @@ MemoryPlan plan_memory(const Graph& graph, DeviceType device) {
     if (val.alias_of != kNoValue) continue;
     int64_t bytes = int64_t(val.meta.nbytes());
     switch (val.role) {
-      case ValueRole::kParameter: plan.parameter_bytes += bytes; plan.region[v] = MemRegion::kPersistent; break;
-      case ValueRole::kGradient: plan.gradient_bytes += bytes; plan.region[v] = MemRegion::kPersistent; break;
-      case ValueRole::kState: plan.state_bytes += bytes; plan.region[v] = MemRegion::kPersistent; break;
+      case ValueRole::kParameter:
+        plan.parameter_bytes += bytes;
+        plan.region[v] = MemRegion::kPersistent;
+        break;
+      case ValueRole::kGradient:
+        plan.gradient_bytes += bytes;
+        plan.region[v] = MemRegion::kPersistent;
+        break;
+      case ValueRole::kState:
+        plan.state_bytes += bytes;
+        plan.region[v] = MemRegion::kPersistent;
+        break;
       case ValueRole::kInput:
         plan.region[v] = MemRegion::kInput;
         plan.offset[v] = plan.input_bytes;
@@ -102,7 +111,8 @@ MemoryPlan plan_memory(const Graph& graph, DeviceType device) {
       case ValueRole::kActivation:
         if (!used[v]) break;
         plan.region[v] = MemRegion::kArena;
-        plan.blocks.push_back(ArenaBlock{0, std::max<int64_t>(align_up(bytes), MemoryPlan::kAlignment),
+        plan.blocks.push_back(ArenaBlock{0,
+                                         std::max<int64_t>(align_up(bytes), MemoryPlan::kAlignment),
                                          first[v], last[v], v, kNoNode});
         break;
     }

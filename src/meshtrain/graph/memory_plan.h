@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/ir/ir.h"
 #include "meshtrain/core/device.h"
+#include "meshtrain/ir/ir.h"
 
 namespace meshtrain {
 
@@ -27,14 +27,14 @@ struct ArenaBlock {
 struct MemoryPlan {
   static constexpr int64_t kAlignment = 256;
   std::vector<NodeId> schedule;
-  std::vector<MemRegion> region;        // per value
-  std::vector<int64_t> offset;          // per value: byte offset in its region (roots and views)
+  std::vector<MemRegion> region;          // per value
+  std::vector<int64_t> offset;            // per value: byte offset in its region (roots and views)
   std::vector<int64_t> workspace_offset;  // per node: arena offset of its scratch (-1: none)
   std::vector<int64_t> workspace_bytes;   // per node
   std::vector<ArenaBlock> blocks;         // every arena allocation, for hazard analysis
-  int64_t arena_bytes = 0;       // peak of the activation arena
+  int64_t arena_bytes = 0;                // peak of the activation arena
   int64_t input_bytes = 0;
-  int64_t parameter_bytes = 0;   // persistent, by role
+  int64_t parameter_bytes = 0;  // persistent, by role
   int64_t gradient_bytes = 0;
   int64_t state_bytes = 0;
   int64_t total_bytes() const {

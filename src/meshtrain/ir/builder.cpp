@@ -29,10 +29,10 @@ std::vector<ValueId> Builder::op(const std::string& name, std::vector<ValueId> i
   } catch (const Error& e) {
     std::vector<std::string> shapes;
     for (auto& m : in_metas) shapes.push_back(dtype_name(m.dtype) + m.shape.to_string());
-    throw ShapeError(fmt::format("op {} at '{}' with inputs ({}): {}", name,
-                                 scope_.empty() ? "<top>" : scope_, fmt::join(shapes, ", "),
-                                 e.message()),
-                     __FILE__, __LINE__);
+    throw ShapeError(
+        fmt::format("op {} at '{}' with inputs ({}): {}", name, scope_.empty() ? "<top>" : scope_,
+                    fmt::join(shapes, ", "), e.message()),
+        __FILE__, __LINE__);
   }
   last_node_ = graph_.add_node(name, std::move(inputs), std::move(out_metas), std::move(attrs),
                                scope_, phase_);

@@ -30,7 +30,8 @@ class Builder {
   // The node the last op() call appended.
   NodeId last_node() const { return last_node_; }
 
-  // RAII module scope: `auto s = b.scope("layers.0"); ... b.scope("attention")` -> "layers.0.attention".
+  // RAII module scope: `auto s = b.scope("layers.0"); ... b.scope("attention")` ->
+  // "layers.0.attention".
   class ScopeGuard {
    public:
     ScopeGuard(Builder& b, const std::string& part);

@@ -46,8 +46,8 @@ bool OpRegistry::has_kernel(const std::string& op, DeviceType device) const {
 
 KernelFn OpRegistry::make_kernel(const Node& node, const Graph& graph, DeviceType device) const {
   auto it = kernels_.find({node.op, device});
-  MT_CHECK_T(ValueError, it != kernels_.end(), "op '{}' has no kernel for the {} backend",
-             node.op, device == DeviceType::kCPU ? "cpu" : "cuda");
+  MT_CHECK_T(ValueError, it != kernels_.end(), "op '{}' has no kernel for the {} backend", node.op,
+             device == DeviceType::kCPU ? "cpu" : "cuda");
   return it->second(node, graph);
 }
 

@@ -34,8 +34,8 @@ using InferFn = std::function<std::vector<TensorMeta>(const std::vector<TensorMe
                                                       const Attrs& attrs)>;
 using BackwardFn = std::function<std::vector<ValueId>(GradContext& ctx)>;
 using WorkspaceFn = std::function<size_t(const std::vector<TensorMeta>& inputs,
-                                         const std::vector<TensorMeta>& outputs,
-                                         const Attrs& attrs, DeviceType device)>;
+                                         const std::vector<TensorMeta>& outputs, const Attrs& attrs,
+                                         DeviceType device)>;
 
 struct OpDef {
   std::string name;
@@ -96,8 +96,8 @@ class OpRegistry {
 #define MT_REGISTER_CONCAT_(a, b) a##b
 #define MT_REGISTER_CONCAT(a, b) MT_REGISTER_CONCAT_(a, b)
 // MT_REGISTER_OPS { OpRegistry::instance().add_op(...); }  — runs at static-initialisation time.
-#define MT_REGISTER_OPS                                                                   \
-  static void MT_REGISTER_CONCAT(mt_register_, __LINE__)();                               \
-  static const bool MT_REGISTER_CONCAT(mt_registered_, __LINE__) =                        \
-      (MT_REGISTER_CONCAT(mt_register_, __LINE__)(), true);                               \
+#define MT_REGISTER_OPS                                            \
+  static void MT_REGISTER_CONCAT(mt_register_, __LINE__)();        \
+  static const bool MT_REGISTER_CONCAT(mt_registered_, __LINE__) = \
+      (MT_REGISTER_CONCAT(mt_register_, __LINE__)(), true);        \
   static void MT_REGISTER_CONCAT(mt_register_, __LINE__)()

@@ -13,10 +13,10 @@ namespace meshtrain {
 
 struct ModelCounts {
   int64_t total_params = 0;
-  double active_params = 0;          // routed experts counted at top_k / num_experts
-  int64_t embedding_params = 0;      // tok_embeddings only (the output projection is a matmul)
+  double active_params = 0;      // routed experts counted at top_k / num_experts
+  int64_t embedding_params = 0;  // tok_embeddings only (the output projection is a matmul)
   double active_non_embedding = 0;
-  double flops_per_token = 0;        // training (forward + backward)
+  double flops_per_token = 0;  // training (forward + backward)
 };
 
 ModelCounts count_model(const Model& model, const ParallelPlan& plan, int64_t seq_len);

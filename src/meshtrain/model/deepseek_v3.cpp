@@ -209,8 +209,8 @@ ValueId DeepSeekV3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId
   w.kv_norm = weight(b, plan, "kv_norm.weight", {a_.kv_lora_rank}, InitSpec::ones());
   w.wkv_b = weight(b, plan, "wkv_b.weight",
                    {H * (a_.qk_nope_head_dim + a_.v_head_dim), a_.kv_lora_rank}, w02, col);
-  w.wo = weight(b, plan, "wo.weight", {D, H * a_.v_head_dim}, InitSpec::trunc_normal(init_std),
-                row);
+  w.wo =
+      weight(b, plan, "wo.weight", {D, H * a_.v_head_dim}, InitSpec::trunc_normal(init_std), row);
   ValueId xf = ops::reshape(b, plan.tp_enter(b, x), Shape{in.batch, in.seq_len, D});
   ValueId o = mla_forward(b, a_, w, xf, table, in.seq_len, H / plan.tp_degree());
   return plan.tp_exit(b, ops::reshape(b, o, Shape{in.batch * in.seq_len, D}));
@@ -313,8 +313,8 @@ ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in)
     const double init_std = 0.02 / std::sqrt(2.0 * (l + 1));
     ValueId an =
         plan.param(b, b.current_scope() + ".attention_norm.weight", {a_.dim}, InitSpec::ones());
-    h = ops::add(
-        b, h, attention(b, plan, ops::rmsnorm(b, h, an, a_.norm_eps), table, init_std, in));
+    h = ops::add(b, h,
+                 attention(b, plan, ops::rmsnorm(b, h, an, a_.norm_eps), table, init_std, in));
     ValueId fn = plan.param(b, b.current_scope() + ".ffn_norm.weight", {a_.dim}, InitSpec::ones());
     ValueId x = ops::rmsnorm(b, h, fn, a_.norm_eps);
     h = ops::add(

@@ -96,8 +96,8 @@ MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w,
     auto s = b.scope("experts");
     // With expert parallelism the rows are first grouped unpadded (each EP rank's block is then
     // contiguous); the local buffer after the exchange is padded to the alignment.
-    ops::DispatchPlan dp = ops::moe_dispatch_plan(b, r.ids, m.num_experts,
-                                                  ep ? 1 : m.token_group_alignment);
+    ops::DispatchPlan dp =
+        ops::moe_dispatch_plan(b, r.ids, m.num_experts, ep ? 1 : m.token_group_alignment);
     ValueId xp = ops::moe_permute(b, x, dp, m.score_before_experts ? r.weights : kNoValue);
     ExpertRows rows{xp, dp.groups};
     if (ep) rows = plan->to_local_experts(b, xp, dp.groups, dp.capacity, m.token_group_alignment);

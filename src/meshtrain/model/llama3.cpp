@@ -27,20 +27,46 @@ std::vector<std::string> llama3_flavors() { return {"debugmodel", "tiny", "8B", 
 Llama3Args llama3_flavor(const std::string& flavor) {
   Llama3Args a;
   if (flavor == "debugmodel") {
-    a.dim = 256; a.n_layers = 6; a.n_heads = 16; a.rope_theta = 500000; a.vocab_size = 0;
+    a.dim = 256;
+    a.n_layers = 6;
+    a.n_heads = 16;
+    a.rope_theta = 500000;
+    a.vocab_size = 0;
   } else if (flavor == "tiny") {
     // meshtrain's test flavor: odd sizes (dim 40, ffn 112) that do not divide by 3, so uneven
     // FSDP shards are exercised; small enough for many ranks on two cores.
-    a.dim = 40; a.n_layers = 2; a.n_heads = 4; a.multiple_of = 16; a.rope_theta = 500000;
+    a.dim = 40;
+    a.n_layers = 2;
+    a.n_heads = 4;
+    a.multiple_of = 16;
+    a.rope_theta = 500000;
   } else if (flavor == "8B") {
-    a.dim = 4096; a.n_layers = 32; a.n_heads = 32; a.n_kv_heads = 8; a.ffn_dim_multiplier = 1.3;
-    a.multiple_of = 1024; a.rope_theta = 500000; a.vocab_size = 128256;
+    a.dim = 4096;
+    a.n_layers = 32;
+    a.n_heads = 32;
+    a.n_kv_heads = 8;
+    a.ffn_dim_multiplier = 1.3;
+    a.multiple_of = 1024;
+    a.rope_theta = 500000;
+    a.vocab_size = 128256;
   } else if (flavor == "70B") {
-    a.dim = 8192; a.n_layers = 80; a.n_heads = 64; a.n_kv_heads = 8; a.ffn_dim_multiplier = 1.3;
-    a.multiple_of = 4096; a.rope_theta = 500000; a.vocab_size = 128256;
+    a.dim = 8192;
+    a.n_layers = 80;
+    a.n_heads = 64;
+    a.n_kv_heads = 8;
+    a.ffn_dim_multiplier = 1.3;
+    a.multiple_of = 4096;
+    a.rope_theta = 500000;
+    a.vocab_size = 128256;
   } else if (flavor == "405B") {
-    a.dim = 16384; a.n_layers = 126; a.n_heads = 128; a.n_kv_heads = 8;
-    a.ffn_dim_multiplier = 1.2; a.multiple_of = 4096; a.rope_theta = 500000; a.vocab_size = 128256;
+    a.dim = 16384;
+    a.n_layers = 126;
+    a.n_heads = 128;
+    a.n_kv_heads = 8;
+    a.ffn_dim_multiplier = 1.2;
+    a.multiple_of = 4096;
+    a.rope_theta = 500000;
+    a.vocab_size = 128256;
   } else {
     MT_THROW(ConfigError, "[model] flavor '{}' is not a llama3 flavor: expected one of {}", flavor,
              fmt::join(llama3_flavors(), ", "));
@@ -84,18 +110,22 @@ class Llama3 final : public Model {
 // Attention and feed-forward take the residual stream's token shard x [T/tp, D] and return
 // their output on the same shard: tp_enter gathers the tokens for the column-parallel
 // projections, tp_exit reduce-scatters the row-parallel output (identities when tp = 1).
-ValueId Llama3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table,
-                          double init_std, const ModelInputs& in) {
+ValueId Llama3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table, double init_std,
+                          const ModelInputs& in) {
   auto s = b.scope("attention");
   const int tp = plan.tp_degree();
   const int64_t hd = a_.head_dim();
   const int64_t hq = a_.n_heads / tp, hkv = a_.kv_heads() / tp;
   const int64_t B = in.batch, S = in.seq_len;
   const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
-  ValueId wq = weight(b, plan, "wq.weight", {a_.n_heads * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
-  ValueId wk = weight(b, plan, "wk.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
-  ValueId wv = weight(b, plan, "wv.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
-  ValueId wo = weight(b, plan, "wo.weight", {a_.dim, a_.n_heads * hd}, InitSpec::trunc_normal(init_std), row);
+  ValueId wq =
+      weight(b, plan, "wq.weight", {a_.n_heads * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
+  ValueId wk =
+      weight(b, plan, "wk.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
+  ValueId wv =
+      weight(b, plan, "wv.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
+  ValueId wo = weight(b, plan, "wo.weight", {a_.dim, a_.n_heads * hd},
+                      InitSpec::trunc_normal(init_std), row);
   ValueId xf = plan.tp_enter(b, x);
   ValueId q = ops::reshape(b, ops::linear(b, xf, wq), Shape{B, S, hq, hd});
   ValueId k = ops::reshape(b, ops::linear(b, xf, wk), Shape{B, S, hkv, hd});
@@ -111,8 +141,10 @@ ValueId Llama3::feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double i
   const int64_t hidden = a_.ffn_hidden();
   const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
   ValueId w1 = weight(b, plan, "w1.weight", {hidden, a_.dim}, InitSpec::trunc_normal(0.02), col);
-  ValueId w2 = weight(b, plan, "w2.weight", {a_.dim, hidden}, InitSpec::trunc_normal(init_std), row);
-  ValueId w3 = weight(b, plan, "w3.weight", {hidden, a_.dim}, InitSpec::trunc_normal(init_std), col);
+  ValueId w2 =
+      weight(b, plan, "w2.weight", {a_.dim, hidden}, InitSpec::trunc_normal(init_std), row);
+  ValueId w3 =
+      weight(b, plan, "w3.weight", {hidden, a_.dim}, InitSpec::trunc_normal(init_std), col);
   ValueId xf = plan.tp_enter(b, x);
   ValueId h = ops::swiglu(b, ops::linear(b, xf, w1), ops::linear(b, xf, w3));
   return plan.tp_exit(b, ops::linear(b, h, w2));
@@ -128,7 +160,8 @@ ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
   // The residual stream is [tokens, dim] on this rank's token shard (sequence parallel).
   ValueId tokens = plan.shard_tokens(b, ops::reshape(b, in.tokens, Shape{T}));
   ValueId labels = plan.shard_tokens(b, ops::reshape(b, in.labels, Shape{T}));
-  ValueId emb = plan.param(b, "tok_embeddings.weight", {a_.vocab_size, a_.dim}, InitSpec::normal(1.0));
+  ValueId emb =
+      plan.param(b, "tok_embeddings.weight", {a_.vocab_size, a_.dim}, InitSpec::normal(1.0));
   ValueId h;
   {
     auto s = b.scope("tok_embeddings");
@@ -143,8 +176,10 @@ ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
                                   cdt == DType::kF64 ? DType::kF64 : DType::kF32);
   for (int l = 0; l < a_.n_layers; ++l) {
     auto s = b.scope(fmt::format("layers.{}", l));
-    double init_std = a_.depth_init ? 0.02 / std::sqrt(2.0 * (l + 1)) : 0.02 / std::sqrt(2.0 * a_.n_layers);
-    ValueId an = plan.param(b, b.current_scope() + ".attention_norm.weight", {a_.dim}, InitSpec::ones());
+    double init_std =
+        a_.depth_init ? 0.02 / std::sqrt(2.0 * (l + 1)) : 0.02 / std::sqrt(2.0 * a_.n_layers);
+    ValueId an =
+        plan.param(b, b.current_scope() + ".attention_norm.weight", {a_.dim}, InitSpec::ones());
     ValueId x = ops::rmsnorm(b, h, an, a_.norm_eps);
     h = ops::add(b, h, attention(b, plan, x, table, init_std, in));
     ValueId fn = plan.param(b, b.current_scope() + ".ffn_norm.weight", {a_.dim}, InitSpec::ones());

@@ -12,7 +12,7 @@ struct Llama3Args {
   int64_t dim = 4096;
   int n_layers = 32;
   int n_heads = 32;
-  int n_kv_heads = 0;  // 0 = n_heads
+  int n_kv_heads = 0;      // 0 = n_heads
   int64_t vocab_size = 0;  // 0 = from the tokenizer
   int64_t multiple_of = 256;
   std::optional<double> ffn_dim_multiplier;

@@ -7,7 +7,8 @@
 namespace meshtrain {
 
 int64_t resolve_vocab(const ModelOptions& o, int64_t flavor_vocab) {
-  int64_t v = o.vocab_override > 0 ? o.vocab_override : (flavor_vocab > 0 ? flavor_vocab : o.tokenizer_vocab);
+  int64_t v = o.vocab_override > 0 ? o.vocab_override
+                                   : (flavor_vocab > 0 ? flavor_vocab : o.tokenizer_vocab);
   MT_CHECK_T(ConfigError, v > 0, "model {} {}: no vocabulary size (set [model] vocab_size)", o.name,
              o.flavor);
   MT_CHECK_T(ConfigError, o.tokenizer_vocab <= v,

@@ -20,12 +20,12 @@ struct ModelInputs {
 };
 
 struct ModelOptions {
-  std::string name;    // "llama3" | "deepseek_v3"
-  std::string flavor;  // "debugmodel", "8B", ...
-  int64_t tokenizer_vocab = 0;  // vocab of the data's tokenizer
-  int64_t vocab_override = 0;   // [model] vocab_size (0 = flavor's or tokenizer's)
-  int n_layers_override = 0;    // [model] n_layers (0 = flavor's)
-  int64_t seq_len = 0;          // [training] seq_len (rope tables, YaRN condition)
+  std::string name;                  // "llama3" | "deepseek_v3"
+  std::string flavor;                // "debugmodel", "8B", ...
+  int64_t tokenizer_vocab = 0;       // vocab of the data's tokenizer
+  int64_t vocab_override = 0;        // [model] vocab_size (0 = flavor's or tokenizer's)
+  int n_layers_override = 0;         // [model] n_layers (0 = flavor's)
+  int64_t seq_len = 0;               // [training] seq_len (rope tables, YaRN condition)
   double load_balance_coeff = 1e-3;  // [model] load_balance_coeff (MoE models; 0 = off)
   int64_t moe_top_k = 0;             // [model] moe_top_k (0 = flavor's)
   bool router_zero_init = false;     // [model] router_zero_init

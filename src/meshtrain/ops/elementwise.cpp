@@ -10,8 +10,9 @@ std::vector<TensorMeta> same_as_first(const std::vector<TensorMeta>& in, const A
 }
 void check_same(const std::vector<TensorMeta>& in, const char* op) {
   MT_CHECK_T(ShapeError, in.size() == 2, "{} takes 2 inputs, found {}", op, in.size());
-  MT_CHECK_T(ShapeError, in[0] == in[1], "{}: operands must have equal shape and dtype, found {} {} and {} {}",
-             op, dtype_name(in[0].dtype), in[0].shape, dtype_name(in[1].dtype), in[1].shape);
+  MT_CHECK_T(ShapeError, in[0] == in[1],
+             "{}: operands must have equal shape and dtype, found {} {} and {} {}", op,
+             dtype_name(in[0].dtype), in[0].shape, dtype_name(in[1].dtype), in[1].shape);
 }
 }  // namespace
 
@@ -48,83 +49,96 @@ void accumulate(Builder& b, ValueId dst, ValueId src, bool overwrite) {
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
-  r.add_op({.name = "fill",
-            .infer = [](const std::vector<TensorMeta>&, const Attrs& a) {
+  r.add_op({.name = "fill", .infer = [](const std::vector<TensorMeta>&, const Attrs& a) {
               return std::vector<TensorMeta>{{Shape(a.ints("shape")), DType(a.i("dtype"))}};
             }});
   r.add_op({.name = "add",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
-              check_same(in, "add");
-              return std::vector<TensorMeta>{in[0]};
-            },
-            .backward = [](GradContext& c) {
-              return std::vector<ValueId>{c.grad_out(0), c.grad_out(0)};
-            }});
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs&) {
+                  check_same(in, "add");
+                  return std::vector<TensorMeta>{in[0]};
+                },
+            .backward =
+                [](GradContext& c) {
+                  return std::vector<ValueId>{c.grad_out(0), c.grad_out(0)};
+                }});
   r.add_op({.name = "mul",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
-              check_same(in, "mul");
-              return std::vector<TensorMeta>{in[0]};
-            },
-            .backward = [](GradContext& c) {
-              std::vector<ValueId> g(2, kNoValue);
-              if (c.needs_grad[0]) g[0] = mul(c.b, c.grad_out(0), c.in(1));
-              if (c.needs_grad[1]) g[1] = mul(c.b, c.grad_out(0), c.in(0));
-              return g;
-            }});
-  r.add_op({.name = "scale",
-            .infer = same_as_first,
-            .backward = [](GradContext& c) {
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs&) {
+                  check_same(in, "mul");
+                  return std::vector<TensorMeta>{in[0]};
+                },
+            .backward =
+                [](GradContext& c) {
+                  std::vector<ValueId> g(2, kNoValue);
+                  if (c.needs_grad[0]) g[0] = mul(c.b, c.grad_out(0), c.in(1));
+                  if (c.needs_grad[1]) g[1] = mul(c.b, c.grad_out(0), c.in(0));
+                  return g;
+                }});
+  r.add_op({.name = "scale", .infer = same_as_first, .backward = [](GradContext& c) {
               return std::vector<ValueId>{scale(c.b, c.grad_out(0), c.attrs().f("factor"))};
             }});
   r.add_op({.name = "cast",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs& a) {
-              return std::vector<TensorMeta>{{in.at(0).shape, DType(a.i("dtype"))}};
-            },
-            .backward = [](GradContext& c) {
-              return std::vector<ValueId>{cast(c.b, c.grad_out(0), c.b.dtype(c.in(0)))};
-            }});
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs& a) {
+                  return std::vector<TensorMeta>{{in.at(0).shape, DType(a.i("dtype"))}};
+                },
+            .backward =
+                [](GradContext& c) {
+                  return std::vector<ValueId>{cast(c.b, c.grad_out(0), c.b.dtype(c.in(0)))};
+                }});
   r.add_op({.name = "reshape",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs& a) {
-              Shape s(a.ints("shape"));
-              MT_CHECK_T(ShapeError, s.numel() == in.at(0).numel(),
-                         "reshape {} to {}: element counts differ", in[0].shape, s);
-              return std::vector<TensorMeta>{{s, in[0].dtype}};
-            },
-            .backward = [](GradContext& c) {
-              return std::vector<ValueId>{reshape(c.b, c.grad_out(0), c.b.shape(c.in(0)))};
-            },
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs& a) {
+                  Shape s(a.ints("shape"));
+                  MT_CHECK_T(ShapeError, s.numel() == in.at(0).numel(),
+                             "reshape {} to {}: element counts differ", in[0].shape, s);
+                  return std::vector<TensorMeta>{{s, in[0].dtype}};
+                },
+            .backward =
+                [](GradContext& c) {
+                  return std::vector<ValueId>{reshape(c.b, c.grad_out(0), c.b.shape(c.in(0)))};
+                },
             .view_of_input = 0});
   r.add_op({.name = "grad_cast",
             .infer = same_as_first,
-            .backward = [](GradContext& c) {
-              return std::vector<ValueId>{cast(c.b, c.grad_out(0), DType(c.attrs().i("dtype")))};
-            },
+            .backward =
+                [](GradContext& c) {
+                  return std::vector<ValueId>{
+                      cast(c.b, c.grad_out(0), DType(c.attrs().i("dtype")))};
+                },
             .view_of_input = 0});
   r.add_op({.name = "sum",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
-              return std::vector<TensorMeta>{{Shape{1}, in.at(0).dtype}};
-            },
-            .backward = [](GradContext& c) {
-              return std::vector<ValueId>{expand_scalar(c.b, c.grad_out(0), c.b.shape(c.in(0)))};
-            },
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs&) {
+                  return std::vector<TensorMeta>{{Shape{1}, in.at(0).dtype}};
+                },
+            .backward =
+                [](GradContext& c) {
+                  return std::vector<ValueId>{
+                      expand_scalar(c.b, c.grad_out(0), c.b.shape(c.in(0)))};
+                },
             // CUDA: the float64 partials of a deterministic two-pass reduction.
             .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
                             const Attrs&, DeviceType device) -> size_t {
               return device == DeviceType::kCUDA ? cuda::reduce_workspace_bytes(in[0].numel()) : 0;
             }});
-  r.add_op({.name = "expand_scalar",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs& a) {
-              MT_CHECK_T(ShapeError, in.at(0).numel() == 1, "expand_scalar of shape {}",
-                         in[0].shape);
-              return std::vector<TensorMeta>{{Shape(a.ints("shape")), in[0].dtype}};
-            },
-            .backward = [](GradContext& c) { return std::vector<ValueId>{sum(c.b, c.grad_out(0))}; }});
+  r.add_op(
+      {.name = "expand_scalar",
+       .infer =
+           [](const std::vector<TensorMeta>& in, const Attrs& a) {
+             MT_CHECK_T(ShapeError, in.at(0).numel() == 1, "expand_scalar of shape {}",
+                        in[0].shape);
+             return std::vector<TensorMeta>{{Shape(a.ints("shape")), in[0].dtype}};
+           },
+       .backward = [](GradContext& c) { return std::vector<ValueId>{sum(c.b, c.grad_out(0))}; }});
   r.add_op({.name = "accumulate",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
-              MT_CHECK_T(ShapeError, in.size() == 2 && in[0].shape == in[1].shape,
-                         "accumulate: destination and source shapes differ");
-              return std::vector<TensorMeta>{};
-            },
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs&) {
+                  MT_CHECK_T(ShapeError, in.size() == 2 && in[0].shape == in[1].shape,
+                             "accumulate: destination and source shapes differ");
+                  return std::vector<TensorMeta>{};
+                },
             .side_effect = true});
 }
 

@@ -91,15 +91,18 @@ MT_REGISTER_OPS {
                          ? cuda::dispatch_plan_workspace_bytes(in[0].numel(), a.i("num_experts"))
                          : 0;
             }});
-  r.add_op({.name = "moe_permute", .infer = infer_permute, .backward = [](GradContext& c) {
-              const bool weighted = c.node.inputs.size() == 3;
-              const ValueId w = weighted ? c.in(2) : kNoValue;
-              std::vector<ValueId> g(c.node.inputs.size(), kNoValue);
-              if (c.needs_grad[0]) g[0] = moe_combine(c.b, c.grad_out(0), c.in(1), w);
-              if (weighted && c.needs_grad[2])
-                g[2] = moe_row_dot(c.b, c.grad_out(0), c.in(0), c.in(1));
-              return g;
-            },
+  r.add_op({.name = "moe_permute",
+            .infer = infer_permute,
+            .backward =
+                [](GradContext& c) {
+                  const bool weighted = c.node.inputs.size() == 3;
+                  const ValueId w = weighted ? c.in(2) : kNoValue;
+                  std::vector<ValueId> g(c.node.inputs.size(), kNoValue);
+                  if (c.needs_grad[0]) g[0] = moe_combine(c.b, c.grad_out(0), c.in(1), w);
+                  if (weighted && c.needs_grad[2])
+                    g[2] = moe_row_dot(c.b, c.grad_out(0), c.in(0), c.in(1));
+                  return g;
+                },
             .workspace = [](const std::vector<TensorMeta>&, const std::vector<TensorMeta>& out,
                             const Attrs&, DeviceType device) -> size_t {
               return device == DeviceType::kCUDA

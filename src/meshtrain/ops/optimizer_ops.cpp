@@ -29,25 +29,28 @@ double clip_coefficient(double total_norm, double max_norm) {
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
   r.add_op({.name = "sum_squares",
-            .infer = [](const std::vector<TensorMeta>&, const Attrs&) {
-              return std::vector<TensorMeta>{{Shape{1}, DType::kF64}};
-            },
+            .infer =
+                [](const std::vector<TensorMeta>&, const Attrs&) {
+                  return std::vector<TensorMeta>{{Shape{1}, DType::kF64}};
+                },
             // CUDA: the float64 partials of a deterministic two-pass reduction.
             .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
                             const Attrs&, DeviceType device) -> size_t {
               return device == DeviceType::kCUDA ? cuda::reduce_workspace_bytes(in[0].numel()) : 0;
             }});
   r.add_op({.name = "adamw_update",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
-              MT_CHECK_T(ShapeError, in.size() == 5, "adamw_update takes 5 inputs");
-              for (int i = 1; i < 4; ++i)
-                MT_CHECK_T(ShapeError, in[size_t(i)] == in[0],
-                           "adamw_update: param, grad and moments must match, found {} {} vs {} {}",
-                           in[0].dtype, in[0].shape, in[size_t(i)].dtype, in[size_t(i)].shape);
-              MT_CHECK_T(ShapeError, in[4].dtype == DType::kF64 && in[4].numel() == 1,
-                         "adamw_update: the squared norm is a float64 scalar");
-              return std::vector<TensorMeta>{};
-            },
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs&) {
+                  MT_CHECK_T(ShapeError, in.size() == 5, "adamw_update takes 5 inputs");
+                  for (int i = 1; i < 4; ++i)
+                    MT_CHECK_T(
+                        ShapeError, in[size_t(i)] == in[0],
+                        "adamw_update: param, grad and moments must match, found {} {} vs {} {}",
+                        in[0].dtype, in[0].shape, in[size_t(i)].dtype, in[size_t(i)].shape);
+                  MT_CHECK_T(ShapeError, in[4].dtype == DType::kF64 && in[4].numel() == 1,
+                             "adamw_update: the squared norm is a float64 scalar");
+                  return std::vector<TensorMeta>{};
+                },
             .side_effect = true});
 }
 

@@ -18,9 +18,9 @@ struct AdamWParams {
   bool reset_grad = true;
 };
 
-// In place on param, exp_avg, exp_avg_sq; sets grad to zero afterwards (unless !reset_grad). total_norm_sq [1] f64 is
-// the global squared gradient norm (on the device); the learning rate and the 1-based step are
-// host scalars (graph slots) read at launch.
+// In place on param, exp_avg, exp_avg_sq; sets grad to zero afterwards (unless !reset_grad).
+// total_norm_sq [1] f64 is the global squared gradient norm (on the device); the learning rate and
+// the 1-based step are host scalars (graph slots) read at launch.
 void adamw_update(Builder& b, ValueId param, ValueId grad, ValueId exp_avg, ValueId exp_avg_sq,
                   ValueId total_norm_sq, int lr_slot, int step_slot, const AdamWParams& p);
 

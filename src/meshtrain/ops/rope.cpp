@@ -176,9 +176,8 @@ MT_REGISTER_OPS {
              // A bfloat16 x may use a float32 table (the table keeps full precision; the
              // rotation is computed in float32 and rounded once).
              MT_CHECK_T(ShapeError,
-                        is_floating(x.dtype) &&
-                            (x.dtype == t.dtype ||
-                             (x.dtype == DType::kBF16 && t.dtype == DType::kF32)),
+                        is_floating(x.dtype) && (x.dtype == t.dtype || (x.dtype == DType::kBF16 &&
+                                                                        t.dtype == DType::kF32)),
                         "rope: x and table must share a floating dtype (or x bfloat16 with a "
                         "float32 table), found {} and {}",
                         x.dtype, t.dtype);

@@ -130,17 +130,18 @@ MT_REGISTER_OPS {
   r.add_op({.name = "expand", .infer = infer_expand, .backward = [](GradContext& c) {
               return std::vector<ValueId>{sum_dim(c.b, c.grad_out(0), int(c.attrs().i("dim")))};
             }});
-  r.add_op({.name = "transpose01",
-            .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
-              const Shape& x = in.at(0).shape;
-              MT_CHECK_T(ShapeError, x.rank() >= 2, "transpose01 needs rank >= 2, found {}", x);
-              std::vector<int64_t> d = x.dims();
-              std::swap(d[0], d[1]);
-              return std::vector<TensorMeta>{{Shape(d), in[0].dtype}};
-            },
-            .backward = [](GradContext& c) {
-              return std::vector<ValueId>{transpose01(c.b, c.grad_out(0))};
-            }});
+  r.add_op(
+      {.name = "transpose01",
+       .infer =
+           [](const std::vector<TensorMeta>& in, const Attrs&) {
+             const Shape& x = in.at(0).shape;
+             MT_CHECK_T(ShapeError, x.rank() >= 2, "transpose01 needs rank >= 2, found {}", x);
+             std::vector<int64_t> d = x.dims();
+             std::swap(d[0], d[1]);
+             return std::vector<TensorMeta>{{Shape(d), in[0].dtype}};
+           },
+       .backward =
+           [](GradContext& c) { return std::vector<ValueId>{transpose01(c.b, c.grad_out(0))}; }});
   r.add_op({.name = "sum_dim", .infer = infer_sum_dim, .backward = [](GradContext& c) {
               int dim = int(c.attrs().i("dim"));
               return std::vector<ValueId>{expand(c.b, c.grad_out(0), dim, c.b.shape(c.in(0))[dim])};

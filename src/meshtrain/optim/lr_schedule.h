@@ -10,7 +10,7 @@ namespace meshtrain {
 struct LrScheduleConfig {
   double lr = 8e-4;
   int64_t warmup_steps = 200;
-  double decay_ratio = -1;  // < 0: decay over every step after warmup
+  double decay_ratio = -1;            // < 0: decay over every step after warmup
   std::string decay_type = "linear";  // linear | sqrt | cosine
   double min_lr_factor = 0.0;
   int64_t training_steps = 1;

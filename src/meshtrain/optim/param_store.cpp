@@ -64,7 +64,9 @@ void ParamStore::initialize(uint64_t seed) {
   // Runs before step 1: host tensors made here for device backends are freed as it goes.
   for (const ParamInfo& p : plan_.params()) {
     Tensor dst = master(p.name);
-    Tensor host = dst.device().is_cpu() ? dst : Tensor::empty(p.local_shape, p.dtype, backend_.host_staging_allocator());
+    Tensor host = dst.device().is_cpu()
+                      ? dst
+                      : Tensor::empty(p.local_shape, p.dtype, backend_.host_staging_allocator());
     if (is_floating(p.dtype) && p.dtype != DType::kBF16) {
       init_local(host, p.global_shape, p.piece, p.init, seed, p.name);
     } else {
@@ -72,7 +74,8 @@ void ParamStore::initialize(uint64_t seed) {
                p.name, p.dtype);
     }
     if (!dst.device().is_cpu())
-      backend_.copy(dst.raw(), host.raw(), host.nbytes(), CopyKind::kHostToDevice, backend_.stream(0));
+      backend_.copy(dst.raw(), host.raw(), host.nbytes(), CopyKind::kHostToDevice,
+                    backend_.stream(0));
   }
   backend_.synchronize();
 }

@@ -14,9 +14,9 @@
 namespace meshtrain {
 
 struct ParamGroup {
-  std::string norm_group;       // groups whose ranks hold disjoint shards, comma-separated ("" = local)
-  std::vector<size_t> params;   // indices into plan.params()
-  std::vector<int64_t> offsets; // element offset of each param in the flat buffers
+  std::string norm_group;  // groups whose ranks hold disjoint shards, comma-separated ("" = local)
+  std::vector<size_t> params;    // indices into plan.params()
+  std::vector<int64_t> offsets;  // element offset of each param in the flat buffers
   int64_t numel = 0;
   Tensor master, grad, exp_avg, exp_avg_sq;
 };
@@ -44,9 +44,9 @@ class ParamStore {
   const ParallelPlan& plan_;
   Backend& backend_;
   std::vector<ParamGroup> groups_;
-  std::vector<int> group_of_;     // per plan param (-1 for state buffers)
+  std::vector<int> group_of_;  // per plan param (-1 for state buffers)
   std::vector<int64_t> offset_of_;
-  std::vector<Tensor> state_;     // per plan param: buffer for non-trainable state
+  std::vector<Tensor> state_;  // per plan param: buffer for non-trainable state
 };
 
 }  // namespace meshtrain

@@ -7,10 +7,10 @@
 
 #include "meshtrain/comm/collective_ops.h"
 #include "meshtrain/comm/expert_exchange.h"
-#include "meshtrain/parallel/placement.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/parallel/group_layout.h"
+#include "meshtrain/parallel/placement.h"
 
 namespace meshtrain {
 
@@ -70,8 +70,8 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
     MT_CHECK_T(ConfigError, rank == 3, "expert weight {} must be [experts, a, b], found {}", name,
                global_shape);
     MT_CHECK_T(ConfigError, global_shape[0] % group_size("ep") == 0,
-               "{}: num_experts {} must divide by expert_parallel_degree {}", name,
-               global_shape[0], group_size("ep"));
+               "{}: num_experts {} must divide by expert_parallel_degree {}", name, global_shape[0],
+               group_size("ep"));
     split("ep", 0, "experts");
   } else {
     MT_CHECK_T(ConfigError, options.tp == TpStyle::kReplicate || rank == 2,
@@ -213,7 +213,8 @@ void ParallelPlan::attach_gradients(Builder& b, const GradientMap& grads, bool o
 std::string ParamInfo::placement_string() const {
   if (placements.empty()) return "whole";
   std::string s;
-  for (const auto& [group, pl] : placements) s += (s.empty() ? "" : ", ") + group + ": " + pl.to_string();
+  for (const auto& [group, pl] : placements)
+    s += (s.empty() ? "" : ", ") + group + ": " + pl.to_string();
   return s;
 }
 

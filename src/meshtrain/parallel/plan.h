@@ -68,9 +68,10 @@ struct ParamInfo {
 };
 
 struct PlanConfig {
-  DType master_dtype = DType::kF32;   // master weights and optimizer state
-  DType compute_dtype = DType::kF32;  // what the model computes with ([training] mixed_precision_param)
-  DType reduce_dtype = DType::kF32;   // gradient reductions ([training] mixed_precision_reduce)
+  DType master_dtype = DType::kF32;  // master weights and optimizer state
+  DType compute_dtype =
+      DType::kF32;  // what the model computes with ([training] mixed_precision_param)
+  DType reduce_dtype = DType::kF32;  // gradient reductions ([training] mixed_precision_reduce)
 };
 
 // Expert-major rows and the groups [2, experts] that describe them, on either side of the
@@ -127,8 +128,8 @@ class ParallelPlan {
   // `alignment`; and the reverse for the experts' output. `capacity` = rows of the source buffer.
   ExpertRows to_local_experts(Builder& b, ValueId x_perm, ValueId groups, int64_t capacity,
                               int64_t alignment) const;
-  ValueId from_local_experts(Builder& b, ValueId y_local, const ExpertRows& local,
-                             ValueId groups, int64_t capacity) const;
+  ValueId from_local_experts(Builder& b, ValueId y_local, const ExpertRows& local, ValueId groups,
+                             int64_t capacity) const;
 
  private:
   ParamInfo& declare(const std::string& name, const Shape& global_shape, const InitSpec& init,

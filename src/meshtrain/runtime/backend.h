@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/core/dtype.h"
 #include "meshtrain/core/device.h"
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/tensor/allocator.h"
 
 namespace meshtrain {
@@ -26,8 +26,8 @@ class Event {
  public:
   virtual ~Event() = default;
   virtual void record(Stream& s) = 0;
-  virtual void wait(Stream& s) = 0;         // s waits (on the device) until the record completes
-  virtual void synchronize() = 0;           // host waits
+  virtual void wait(Stream& s) = 0;  // s waits (on the device) until the record completes
+  virtual void synchronize() = 0;    // host waits
   virtual float elapsed_ms(const Event& since) const = 0;  // both recorded with timing
 };
 

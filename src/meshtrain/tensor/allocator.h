@@ -13,7 +13,7 @@ namespace meshtrain {
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  void* allocate(size_t bytes);           // counted; returns 256-byte aligned memory
+  void* allocate(size_t bytes);  // counted; returns 256-byte aligned memory
   void deallocate(void* p, size_t bytes);
   virtual Device device() const = 0;
   int64_t bytes_in_use() const { return bytes_in_use_; }

@@ -32,8 +32,8 @@ double value_at(const InitSpec& s, uint64_t seed, uint64_t stream, uint64_t inde
         double v = s.mean + s.std * normal_at(seed, stream, index, attempt);
         if (v >= s.a && v <= s.b) return v;
       }
-      MT_THROW(ValueError, "trunc_normal bounds [{}, {}] with std {} reject every sample", s.a,
-               s.b, s.std);
+      MT_THROW(ValueError, "trunc_normal bounds [{}, {}] with std {} reject every sample", s.a, s.b,
+               s.std);
   }
   return 0.0;
 }
@@ -79,8 +79,8 @@ void init_local(const Tensor& local, const Shape& global, const LocalPiece& piec
       T* dst = out + o * inner_local;
       for (int64_t k = 0; k < inner_local; ++k) {
         int64_t g = inner_begin + k;
-        dst[k] = (pad || g >= inner_global) ? T(0)
-                                            : T(value_at(spec, seed, stream, uint64_t(base + g)));
+        dst[k] =
+            (pad || g >= inner_global) ? T(0) : T(value_at(spec, seed, stream, uint64_t(base + g)));
       }
       for (int d = r - 2; d >= 0; --d) {
         if (++idx[size_t(d)] < ls[d]) break;

@@ -29,8 +29,8 @@ Tensor Tensor::view(const Shape& shape) const {
 }
 
 Tensor Tensor::view_as(DType dtype, const Shape& shape) const {
-  MT_CHECK(size_t(shape.numel()) * dtype_size(dtype) == nbytes(),
-           "view_as {} {} of {} bytes", dtype_name(dtype), shape, nbytes());
+  MT_CHECK(size_t(shape.numel()) * dtype_size(dtype) == nbytes(), "view_as {} {} of {} bytes",
+           dtype_name(dtype), shape, nbytes());
   return Tensor(storage_, offset_, shape, dtype);
 }
 

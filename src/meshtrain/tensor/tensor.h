@@ -21,13 +21,15 @@ class Tensor {
   // Non-owning view of memory someone else keeps alive.
   static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device);
 
-  template <typename T> static Tensor from_vector(const std::vector<T>& v, const Shape& shape) {
+  template <typename T>
+  static Tensor from_vector(const std::vector<T>& v, const Shape& shape) {
     MT_CHECK_EQ(int64_t(v.size()), shape.numel(), "Tensor::from_vector size");
     Tensor t = empty(shape, dtype_of<T>());
     std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
     return t;
   }
-  template <typename T> std::vector<T> to_vector() const {
+  template <typename T>
+  std::vector<T> to_vector() const {
     check_host_typed(dtype_of<T>());
     const T* p = static_cast<const T*>(raw());
     return std::vector<T>(p, p + numel());
@@ -35,7 +37,8 @@ class Tensor {
 
   bool defined() const { return storage_ != nullptr; }
   void* raw() const { return static_cast<char*>(storage_->data()) + offset_; }
-  template <typename T> T* data() const {
+  template <typename T>
+  T* data() const {
     MT_CHECK(dtype_ == dtype_of<T>(), "tensor holds {}, accessed as {}", dtype_name(dtype_),
              dtype_name(dtype_of<T>()));
     return static_cast<T*>(raw());

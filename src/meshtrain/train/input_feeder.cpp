@@ -27,7 +27,8 @@ void InputFeeder::feed(TokenLoader& loader) {
   loader.next(host, host + tokens_.numel());
   Stream& s = backend_.stream(0);
   backend_.copy(tokens_.raw(), host, tokens_.nbytes(), CopyKind::kHostToDevice, s);
-  backend_.copy(labels_.raw(), host + tokens_.numel(), labels_.nbytes(), CopyKind::kHostToDevice, s);
+  backend_.copy(labels_.raw(), host + tokens_.numel(), labels_.nbytes(), CopyKind::kHostToDevice,
+                s);
   copied_[k]->record(s);
   pending_[k] = true;
 }

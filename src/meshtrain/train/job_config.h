@@ -86,7 +86,7 @@ struct ParallelismSection {
 };
 
 struct ActivationCheckpointSection {
-  std::string mode = "none";  // "none" | "full" | "selective"
+  std::string mode = "none";              // "none" | "full" | "selective"
   std::string selective_ac_option = "2";  // "op", or "N" = checkpoint every N-th layer
   // 0 for "op" (per-op selective AC), else N.
   int selective_layer_interval() const;

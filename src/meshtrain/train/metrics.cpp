@@ -37,8 +37,8 @@ std::string MetricsLogger::format_line(const StepMetrics& m) {
   return fmt::format(
       "step: {:>2}  loss: {:7.4f}  grad_norm: {:7.4f}  memory: {:5.2f}GiB({:.2f}%)  tps: {}  "
       "tflops: {:.2f}  mfu: {}{}",
-      m.step, m.loss, m.grad_norm, m.memory_gib, m.memory_pct, with_commas(int64_t(m.tps + 0.5)), m.tflops,
-      mfu, m.summary_suffix.empty() ? "" : "  " + m.summary_suffix);
+      m.step, m.loss, m.grad_norm, m.memory_gib, m.memory_pct, with_commas(int64_t(m.tps + 0.5)),
+      m.tflops, mfu, m.summary_suffix.empty() ? "" : "  " + m.summary_suffix);
 }
 
 void MetricsLogger::log(const StepMetrics& m) {

@@ -15,11 +15,11 @@ struct StepMetrics {
   double loss = 0;
   double grad_norm = 0;
   double lr = 0;
-  double tps = 0;            // tokens per second per device
-  double tflops = 0;         // achieved TFLOP/s per device
-  double mfu = -1;           // percent of peak; < 0 when the device has no known peak
-  double memory_gib = 0;     // peak device memory in use
-  double memory_pct = 0;     // of the device's capacity
+  double tps = 0;         // tokens per second per device
+  double tflops = 0;      // achieved TFLOP/s per device
+  double mfu = -1;        // percent of peak; < 0 when the device has no known peak
+  double memory_gib = 0;  // peak device memory in use
+  double memory_pct = 0;  // of the device's capacity
   double step_time_s = 0;
   // Extra named figures (expert load per layer, ...), written to the JSON line.
   std::map<std::string, double> extra;

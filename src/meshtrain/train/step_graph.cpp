@@ -35,10 +35,10 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   mo.moe_top_k = cfg.model.moe_top_k;
   mo.router_zero_init = cfg.model.router_zero_init;
   sg->model = create_model(mo);
-  sg->plan = std::make_unique<ParallelPlan>(
-      PlanConfig{.master_dtype = o.master_dtype, .compute_dtype = o.compute_dtype,
-                 .reduce_dtype = o.reduce_dtype},
-      layout);
+  sg->plan = std::make_unique<ParallelPlan>(PlanConfig{.master_dtype = o.master_dtype,
+                                                       .compute_dtype = o.compute_dtype,
+                                                       .reduce_dtype = o.reduce_dtype},
+                                            layout);
   sg->local_batch = cfg.training.local_batch_size;
   sg->seq_len = cfg.training.seq_len;
 

@@ -83,13 +83,13 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   DataSource source = open_data_source(cfg_.training.dataset, cfg_.training.dataset_path);
   accum_steps_ = gradient_accumulation_steps(cfg_.training, dp);
   loader_ = std::make_unique<TokenLoader>(source, *tokenizer_, cfg_.training.seq_len,
-                                          cfg_.training.local_batch_size, dp_rank, dp,
-                                          accum_steps_, uint64_t(cfg_.training.seed));
+                                          cfg_.training.local_batch_size, dp_rank, dp, accum_steps_,
+                                          uint64_t(cfg_.training.seed));
   tokens_per_step_ = cfg_.training.local_batch_size * cfg_.training.seq_len * dp * accum_steps_;
 
   // The step graph, its memory plan, and the executor.
   StepGraphOptions so{.tokenizer_vocab = std::max<int64_t>(tokenizer_->vocab_size(),
-                                                            int64_t(loader_->max_token_id()) + 1),
+                                                           int64_t(loader_->max_token_id()) + 1),
                       .compute_dtype = compute_dtype_,
                       .master_dtype = master_dtype_,
                       .reduce_dtype = reduce_dtype_,
@@ -123,7 +123,8 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   Tensor count_host = Tensor::from_vector(std::vector<int64_t>{tokens_per_step_}, Shape{1});
   backend_->copy(exec_->tensor(token_count_).raw(), count_host.raw(), 8, CopyKind::kHostToDevice,
                  backend_->stream(0));
-  feeder_ = std::make_unique<InputFeeder>(*backend_, exec_->tensor(tokens_), exec_->tensor(labels_));
+  feeder_ =
+      std::make_unique<InputFeeder>(*backend_, exec_->tensor(tokens_), exec_->tensor(labels_));
 
   ops::AdamWParams ap{.beta1 = cfg_.optimizer.beta1,
                       .beta2 = cfg_.optimizer.beta2,
@@ -146,13 +147,13 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   if (load_elems > 0)
     host_load_ = Tensor::empty(Shape{load_elems}, plan_->info(lb.layers[0].last_load).dtype,
                                backend_->host_staging_allocator());
-  schedule_ = std::make_unique<LrSchedule>(LrScheduleConfig{
-      .lr = cfg_.optimizer.lr,
-      .warmup_steps = cfg_.lr_scheduler.warmup_steps,
-      .decay_ratio = cfg_.lr_scheduler.decay_ratio.value_or(-1.0),
-      .decay_type = cfg_.lr_scheduler.decay_type,
-      .min_lr_factor = cfg_.lr_scheduler.min_lr_factor,
-      .training_steps = cfg_.training.steps});
+  schedule_ = std::make_unique<LrSchedule>(
+      LrScheduleConfig{.lr = cfg_.optimizer.lr,
+                       .warmup_steps = cfg_.lr_scheduler.warmup_steps,
+                       .decay_ratio = cfg_.lr_scheduler.decay_ratio.value_or(-1.0),
+                       .decay_type = cfg_.lr_scheduler.decay_type,
+                       .min_lr_factor = cfg_.lr_scheduler.min_lr_factor,
+                       .training_steps = cfg_.training.steps});
 
   dump_folder_ = cfg_.job.dump_folder;
   if (rank_ == 0) {
@@ -189,21 +190,24 @@ void Trainer::log_startup() const {
            mesh_->size("dp"), accum_steps_);
   log_info("memory plan (per rank): {}; optimizer moments {}", mp.summary(),
            gib(2 * store_->trainable_numel() * int64_t(dtype_size(master_dtype_))));
-  log_info("step graph: {} nodes, {} values{}", exec_->plan().schedule.size(), graph_.num_values(),
-           plan_->group_size("fsdp") > 1
-               ? fmt::format("; fsdp {} over {} ranks, reshard_after_forward {} ({} gathers redone in backward)",
-                             mesh_->dims().mode_name(), plan_->group_size("fsdp"),
-                             reshard_after_forward_name(cfg_.parallelism.fsdp_reshard_after_forward),
-                             reshard_.gathers_recomputed)
-               : std::string());
+  log_info(
+      "step graph: {} nodes, {} values{}", exec_->plan().schedule.size(), graph_.num_values(),
+      plan_->group_size("fsdp") > 1
+          ? fmt::format(
+                "; fsdp {} over {} ranks, reshard_after_forward {} ({} gathers redone in backward)",
+                mesh_->dims().mode_name(), plan_->group_size("fsdp"),
+                reshard_after_forward_name(cfg_.parallelism.fsdp_reshard_after_forward),
+                reshard_.gathers_recomputed)
+          : std::string());
   if (checkpoint_.regions > 0)
     log_info("activation checkpointing {}: {} nodes recomputed in backward over {} blocks",
              cfg_.activation_checkpoint.mode, checkpoint_.nodes_recomputed, checkpoint_.regions);
-  log_info("optimizer: AdamW lr {:g} betas ({:g}, {:g}) eps {:g} weight_decay {:g}, max_norm {:g}; "
-           "warmup {} steps, {} decay to {:g}× over {} steps",
-           cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
-           cfg_.optimizer.weight_decay, cfg_.training.max_norm, cfg_.lr_scheduler.warmup_steps,
-           cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor, cfg_.training.steps);
+  log_info(
+      "optimizer: AdamW lr {:g} betas ({:g}, {:g}) eps {:g} weight_decay {:g}, max_norm {:g}; "
+      "warmup {} steps, {} decay to {:g}× over {} steps",
+      cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
+      cfg_.optimizer.weight_decay, cfg_.training.max_norm, cfg_.lr_scheduler.warmup_steps,
+      cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor, cfg_.training.steps);
   log_info("dump folder: {}", dump_folder_);
 }
 
@@ -225,8 +229,7 @@ StepRecord Trainer::step(bool read_back) {
   Stream& s = backend_->stream(0);
   backend_->fill_zero(loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(), s);
   // Profiled steps only: the observer records events around every node of this step's runs.
-  const bool profile =
-      profiler_ && step_ % std::max<int64_t>(1, cfg_.profiling.profile_freq) == 0;
+  const bool profile = profiler_ && step_ % std::max<int64_t>(1, cfg_.profiling.profile_freq) == 0;
   if (profile) {
     profiler_->begin_step();
     exec_->set_observer(profiler_.get());
@@ -332,8 +335,8 @@ std::vector<StepRecord> Trainer::train() {
     m.lr = r.lr;
     m.step_time_s = elapsed / double(steps_since);
     const int non_dp = plan_->group_size("cp") * plan_->group_size("tp");
-    double local_tokens = double(cfg_.training.local_batch_size * cfg_.training.seq_len *
-                                 accum_steps_ * steps_since);
+    double local_tokens =
+        double(cfg_.training.local_batch_size * cfg_.training.seq_len * accum_steps_ * steps_since);
     m.tps = local_tokens / elapsed / double(non_dp);
     m.tflops = counts_.flops_per_token * m.tps / 1e12;
     const double peak = backend_->peak_flops(compute_dtype_);

@@ -28,20 +28,37 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--steps") o.steps = std::stoi(argv[++i]);
-    else if (a == "--tol") o.tol = std::stod(argv[++i]);
-    else if (a == "--compare-reshard") o.compare_reshard = true;
-    else o.overrides.push_back(a);
+    if (a == "--steps")
+      o.steps = std::stoi(argv[++i]);
+    else if (a == "--tol")
+      o.tol = std::stod(argv[++i]);
+    else if (a == "--compare-reshard")
+      o.compare_reshard = true;
+    else
+      o.overrides.push_back(a);
   }
   return o;
 }
 
 JobConfig job(const Options& o, const std::vector<std::string>& extra) {
-  std::vector<std::string> all = {
-      "--job.device", "cpu", "--model.flavor", "tiny", "--training.seq_len", "32",
-      "--training.steps", std::to_string(o.steps), "--training.seed", "3",
-      "--optimizer.lr", "3e-3", "--lr_scheduler.warmup_steps", "3",
-      "--metrics.enable_jsonl", "false", "--job.dump_folder", "/tmp/meshtrain_parity"};
+  std::vector<std::string> all = {"--job.device",
+                                  "cpu",
+                                  "--model.flavor",
+                                  "tiny",
+                                  "--training.seq_len",
+                                  "32",
+                                  "--training.steps",
+                                  std::to_string(o.steps),
+                                  "--training.seed",
+                                  "3",
+                                  "--optimizer.lr",
+                                  "3e-3",
+                                  "--lr_scheduler.warmup_steps",
+                                  "3",
+                                  "--metrics.enable_jsonl",
+                                  "false",
+                                  "--job.dump_folder",
+                                  "/tmp/meshtrain_parity"};
   all.insert(all.end(), o.overrides.begin(), o.overrides.end());
   all.insert(all.end(), extra.begin(), extra.end());
   return parse_job_config("", all);
@@ -78,31 +95,45 @@ int main(int argc, char** argv) {
       JobConfig never = job(o, {"--parallelism.fsdp_reshard_after_forward", "never"});
       JobConfig always = job(o, {"--parallelism.fsdp_reshard_after_forward", "always"});
       RunResult a, b;
-      { Trainer t(never, world, rt.launch()); a = run(t, o.steps); }
-      { Trainer t(always, world, rt.launch()); b = run(t, o.steps); }
+      {
+        Trainer t(never, world, rt.launch());
+        a = run(t, o.steps);
+      }
+      {
+        Trainer t(always, world, rt.launch());
+        b = run(t, o.steps);
+      }
       for (int s = 0; s < o.steps; ++s)
-        if (a.loss[size_t(s)] != b.loss[size_t(s)] || a.grad_norm[size_t(s)] != b.grad_norm[size_t(s)]) {
+        if (a.loss[size_t(s)] != b.loss[size_t(s)] ||
+            a.grad_norm[size_t(s)] != b.grad_norm[size_t(s)]) {
           ++failures;
           if (rank == 0)
-            std::printf("step %d: never loss %.17g norm %.17g, always loss %.17g norm %.17g\n", s + 1,
-                        a.loss[size_t(s)], a.grad_norm[size_t(s)], b.loss[size_t(s)], b.grad_norm[size_t(s)]);
+            std::printf("step %d: never loss %.17g norm %.17g, always loss %.17g norm %.17g\n",
+                        s + 1, a.loss[size_t(s)], a.grad_norm[size_t(s)], b.loss[size_t(s)],
+                        b.grad_norm[size_t(s)]);
         }
-      if (rank == 0) std::printf("reshard never vs always: %d mismatching steps of %d\n", failures, o.steps);
+      if (rank == 0)
+        std::printf("reshard never vs always: %d mismatching steps of %d\n", failures, o.steps);
     } else {
       Trainer dist(par, world, rt.launch());
       const int dp = dist.plan().group_size("dp");
-      const int64_t accum = dist.tokens_per_step() /
-                            (par.training.local_batch_size * par.training.seq_len * dp);
+      const int64_t accum =
+          dist.tokens_per_step() / (par.training.local_batch_size * par.training.seq_len * dp);
       // The reference: one rank, local batch × dp rows, the same number of micro-batches.
-      std::vector<std::string> one = {
-          "--parallelism.data_parallel_replicate_degree", "1",
-          "--parallelism.data_parallel_shard_degree", "1",
-          "--parallelism.tensor_parallel_degree", "1",
-          "--parallelism.expert_parallel_degree", "1",
-          "--parallelism.expert_tensor_parallel_degree", "1",
-          "--training.local_batch_size", std::to_string(par.training.local_batch_size * dp),
-          "--training.global_batch_size",
-          std::to_string(par.training.local_batch_size * dp * accum)};
+      std::vector<std::string> one = {"--parallelism.data_parallel_replicate_degree",
+                                      "1",
+                                      "--parallelism.data_parallel_shard_degree",
+                                      "1",
+                                      "--parallelism.tensor_parallel_degree",
+                                      "1",
+                                      "--parallelism.expert_parallel_degree",
+                                      "1",
+                                      "--parallelism.expert_tensor_parallel_degree",
+                                      "1",
+                                      "--training.local_batch_size",
+                                      std::to_string(par.training.local_batch_size * dp),
+                                      "--training.global_batch_size",
+                                      std::to_string(par.training.local_batch_size * dp * accum)};
       JobConfig ref_cfg = job(o, one);
       std::unique_ptr<Communicator> self = world.split(rank, 0, "self");
       RunResult ref;
@@ -119,9 +150,10 @@ int main(int argc, char** argv) {
           double dn = rel(got.grad_norm[size_t(s)], ref.grad_norm[size_t(s)]);
           worst_loss = std::max(worst_loss, dl);
           worst_norm = std::max(worst_norm, dn);
-          std::printf("step %2d  loss %.10f (ref %.10f, rel %.2e)  grad_norm %.8f (ref %.8f, rel %.2e)\n",
-                      s + 1, got.loss[size_t(s)], ref.loss[size_t(s)], dl, got.grad_norm[size_t(s)],
-                      ref.grad_norm[size_t(s)], dn);
+          std::printf(
+              "step %2d  loss %.10f (ref %.10f, rel %.2e)  grad_norm %.8f (ref %.8f, rel %.2e)\n",
+              s + 1, got.loss[size_t(s)], ref.loss[size_t(s)], dl, got.grad_norm[size_t(s)],
+              ref.grad_norm[size_t(s)], dn);
           if (!(dl <= o.tol) || !(dn <= o.tol)) ++failures;
         }
         std::printf("max relative difference: loss %.3e, grad_norm %.3e (tolerance %.1e)\n",

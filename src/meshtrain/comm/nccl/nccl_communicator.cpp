@@ -476,7 +476,8 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   check_usable("split");
   ncclComm_t child = nullptr;
   // config nullptr: the child inherits the parent's (blocking) configuration.
-  ncclResult_t rc = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr);
+  ncclResult_t rc =
+      ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr);
   if (child) {
     rc = poll_settled(child, rc, timeouts_.init_seconds);
     if (rc != ncclSuccess) {

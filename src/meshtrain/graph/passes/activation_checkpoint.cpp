@@ -14,7 +14,8 @@ namespace {
 // Nodes the pass never clones, whatever the policy.
 bool always_kept(const Node& n) {
   if (n.op.rfind("ep_", 0) == 0) return true;  // the token exchange is saved, never repeated
-  if (n.op == "all_gather" && n.attrs.s("group", "") == "fsdp") return true;  // reshard pass owns these
+  if (n.op == "all_gather" && n.attrs.s("group", "") == "fsdp")
+    return true;  // reshard pass owns these
   const OpDef& def = OpRegistry::instance().op(n.op);
   return def.side_effect;
 }
@@ -76,14 +77,16 @@ CheckpointStats checkpoint_regions(Graph& graph,
         for (ValueId in : src.inputs) ins.push_back(recompute(in));
         std::vector<TensorMeta> metas;
         for (ValueId o : src.outputs) metas.push_back(graph.value(o).meta);
-        NodeId cid = graph.add_node(src.op, ins, metas, src.attrs, src.scope, NodePhase::kRecompute);
+        NodeId cid =
+            graph.add_node(src.op, ins, metas, src.attrs, src.scope, NodePhase::kRecompute);
         const OpDef& def = OpRegistry::instance().op(src.op);
         for (size_t k = 0; k < src.outputs.size(); ++k) {
           ValueId out = graph.node(cid).outputs[k];
           graph.value(out).name = graph.value(src.outputs[k]).name + ".recomputed";
           if (k == 0 && def.view_of_input >= 0) {
             const Value& in = graph.value(ins[size_t(def.view_of_input)]);
-            graph.value(out).alias_of = in.alias_of != kNoValue ? in.alias_of : ins[size_t(def.view_of_input)];
+            graph.value(out).alias_of =
+                in.alias_of != kNoValue ? in.alias_of : ins[size_t(def.view_of_input)];
           }
         }
         region.push_back("");  // keep the per-node table sized for new ids
@@ -105,7 +108,8 @@ CheckpointStats checkpoint_regions(Graph& graph,
           ValueId repl = recompute(out);
           if (repl == out) continue;
           rewires.push_back({c, {out, repl}});
-          if (first_reader == kNoNode || pos[size_t(c)] < pos[size_t(first_reader)]) first_reader = c;
+          if (first_reader == kNoNode || pos[size_t(c)] < pos[size_t(first_reader)])
+            first_reader = c;
         }
     }
     for (auto& [c, pr] : rewires)
@@ -124,7 +128,8 @@ CheckpointStats checkpoint_regions(Graph& graph,
   schedule.reserve(order.size() + size_t(stats.nodes_recomputed));
   for (NodeId id : order) {
     auto it = insert_before.find(id);
-    if (it != insert_before.end()) schedule.insert(schedule.end(), it->second.begin(), it->second.end());
+    if (it != insert_before.end())
+      schedule.insert(schedule.end(), it->second.begin(), it->second.end());
     schedule.push_back(id);
   }
   graph.set_schedule(std::move(schedule));

@@ -7,7 +7,8 @@
 namespace meshtrain {
 
 std::map<std::string, int> assign_streams(Graph& graph) {
-  static const char* kOrder[] = {"fsdp", "tp", "ep", "efsdp", "dp_replicate", "edp", "etp", "cp", "dp", "loss", "world"};
+  static const char* kOrder[] = {"fsdp", "tp", "ep", "efsdp", "dp_replicate", "edp",
+                                 "etp",  "cp", "dp", "loss",  "world"};
   std::map<std::string, int> stream_of;
   int next = 1;
   for (const char* g : kOrder) stream_of[g] = next++;

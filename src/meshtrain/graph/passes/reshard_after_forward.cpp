@@ -52,7 +52,8 @@ ReshardStats reshard_after_forward(Graph& graph, const std::string& group,
       for (NodeId c : consumers[size_t(graph.node(chain[k]).outputs[0])])
         if (graph.node(c).phase != NodePhase::kForward) {
           bwd_of[k].push_back(c);
-          if (first_reader == kNoNode || pos[size_t(c)] < pos[size_t(first_reader)]) first_reader = c;
+          if (first_reader == kNoNode || pos[size_t(c)] < pos[size_t(first_reader)])
+            first_reader = c;
         }
     if (first_reader == kNoNode) continue;
 
@@ -66,8 +67,8 @@ ReshardStats reshard_after_forward(Graph& graph, const std::string& group,
       const Node src = graph.node(chain[k]);
       std::vector<TensorMeta> metas;
       for (ValueId o : src.outputs) metas.push_back(graph.value(o).meta);
-      NodeId cid = graph.add_node(src.op, {prev_in}, metas, src.attrs, src.scope,
-                                  NodePhase::kRecompute);
+      NodeId cid =
+          graph.add_node(src.op, {prev_in}, metas, src.attrs, src.scope, NodePhase::kRecompute);
       const OpDef& def = OpRegistry::instance().op(src.op);
       ValueId out = graph.node(cid).outputs[0];
       if (def.view_of_input >= 0) {
@@ -95,7 +96,8 @@ ReshardStats reshard_after_forward(Graph& graph, const std::string& group,
   schedule.reserve(order.size() + 64);
   for (NodeId id : order) {
     auto it = insert_before.find(id);
-    if (it != insert_before.end()) schedule.insert(schedule.end(), it->second.begin(), it->second.end());
+    if (it != insert_before.end())
+      schedule.insert(schedule.end(), it->second.begin(), it->second.end());
     schedule.push_back(id);
   }
   graph.set_schedule(std::move(schedule));

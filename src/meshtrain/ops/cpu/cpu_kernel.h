@@ -6,14 +6,17 @@
 
 namespace meshtrain::cpu {
 
-template <typename T> const T* in_ptr(const KernelContext& c, int i) {
+template <typename T>
+const T* in_ptr(const KernelContext& c, int i) {
   return static_cast<const T*>(c.in.at(size_t(i)).raw());
 }
-template <typename T> T* out_ptr(const KernelContext& c, int i) {
+template <typename T>
+T* out_ptr(const KernelContext& c, int i) {
   return static_cast<T*>(c.out.at(size_t(i)).raw());
 }
 // Kernels that write persistent inputs in place (accumulate, optimizer updates).
-template <typename T> T* inout_ptr(const KernelContext& c, int i) {
+template <typename T>
+T* inout_ptr(const KernelContext& c, int i) {
   return static_cast<T*>(c.in.at(size_t(i)).raw());
 }
 inline void add_cpu_kernel(const std::string& op, KernelFn fn) {

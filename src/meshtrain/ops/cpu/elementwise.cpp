@@ -1,28 +1,32 @@
 // CPU reference kernels for the elementwise and structural ops (float32/float64; cast also
 // converts to and from bfloat16 with round-to-nearest-even).
-#include <cstring>
-
 #include <algorithm>
+#include <cstring>
 
 #include "meshtrain/ops/cpu/cpu_kernel.h"
 
 namespace meshtrain::cpu {
 namespace {
 
-template <typename T> void add_kernel(const T* x, const T* y, T* out, int64_t n) {
+template <typename T>
+void add_kernel(const T* x, const T* y, T* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
-template <typename T> void mul_kernel(const T* x, const T* y, T* out, int64_t n) {
+template <typename T>
+void mul_kernel(const T* x, const T* y, T* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * y[i];
 }
-template <typename T> void scale_kernel(const T* x, T* out, T f, int64_t n) {
+template <typename T>
+void scale_kernel(const T* x, T* out, T f, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * f;
 }
-template <typename T> void fill_kernel(T* out, T v, int64_t n) {
+template <typename T>
+void fill_kernel(T* out, T v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = v;
 }
 
-template <typename S, typename D> void convert(const S* s, D* d, int64_t n) {
+template <typename S, typename D>
+void convert(const S* s, D* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if constexpr (std::is_same_v<D, BFloat16>)
       d[i] = BFloat16(float(s[i]));
@@ -33,7 +37,8 @@ template <typename S, typename D> void convert(const S* s, D* d, int64_t n) {
   }
 }
 
-template <typename S> void cast_from(const Tensor& src, const Tensor& dst) {
+template <typename S>
+void cast_from(const Tensor& src, const Tensor& dst) {
   const S* s = static_cast<const S*>(src.raw());
   int64_t n = src.numel();
   switch (dst.dtype()) {
@@ -82,8 +87,8 @@ MT_REGISTER_OPS {
   });
   add_cpu_kernel("scale", [](KernelContext& c) {
     MT_DISPATCH_FLOAT(c.out[0].dtype(), "scale", [&] {
-      scale_kernel(in_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 0),
-                   scalar_t(c.attrs().f("factor")), c.out[0].numel());
+      scale_kernel(in_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 0), scalar_t(c.attrs().f("factor")),
+                   c.out[0].numel());
     });
   });
   add_cpu_kernel("cast", [](KernelContext& c) { cast_kernel(c.in[0], c.out[0]); });

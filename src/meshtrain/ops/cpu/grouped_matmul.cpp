@@ -1,11 +1,12 @@
 // CPU grouped GEMM: one OpenBLAS call per expert on its group's rows (row-major cblas_?gemm);
 // groups are validated against the buffer first, since their counts are data.
+#include "meshtrain/ops/grouped_matmul.h"
+
 #include <cblas.h>
 
 #include <algorithm>
 
 #include "meshtrain/ops/cpu/cpu_kernel.h"
-#include "meshtrain/ops/grouped_matmul.h"
 
 namespace meshtrain::cpu {
 namespace {

@@ -1,9 +1,10 @@
 // CPU matmul through OpenBLAS (row-major cblas_?gemm); the reference every GPU GEMM is tested
 // against.
+#include "meshtrain/ops/matmul.h"
+
 #include <cblas.h>
 
 #include "meshtrain/ops/cpu/cpu_kernel.h"
-#include "meshtrain/ops/matmul.h"
 
 namespace meshtrain::cpu {
 namespace {
@@ -15,11 +16,11 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
   auto TA = ta ? CblasTrans : CblasNoTrans;
   auto TB = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb),
-                0.0f, c, int(ldc));
+    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f,
+                c, int(ldc));
   else
-    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb),
-                0.0, c, int(ldc));
+    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0,
+                c, int(ldc));
 }
 
 MT_REGISTER_OPS {

@@ -1,9 +1,11 @@
 // CPU kernels of the optimizer ops. AdamW follows torch.optim.AdamW's arithmetic: decoupled decay
-// p *= 1 - lr·wd, m ← m + (1−β1)(g − m), v ← β2 v + (1−β2) g², p −= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε).
+// p *= 1 - lr·wd, m ← m + (1−β1)(g − m), v ← β2 v + (1−β2) g², p −= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) +
+// ε).
+#include "meshtrain/ops/optimizer_ops.h"
+
 #include <cmath>
 
 #include "meshtrain/ops/cpu/cpu_kernel.h"
-#include "meshtrain/ops/optimizer_ops.h"
 
 namespace meshtrain::cpu {
 namespace {
@@ -45,8 +47,8 @@ MT_REGISTER_OPS {
     double clip = ops::clip_coefficient(norm, a.f("max_norm"));
     MT_DISPATCH_FLOAT(c.in[0].dtype(), "adamw_update", [&] {
       adamw(inout_ptr<scalar_t>(c, 0), inout_ptr<scalar_t>(c, 1), inout_ptr<scalar_t>(c, 2),
-            inout_ptr<scalar_t>(c, 3), c.in[0].numel(), lr, a.f("beta1"), a.f("beta2"),
-            a.f("eps"), a.f("weight_decay"), clip, step, a.b("reset_grad", true));
+            inout_ptr<scalar_t>(c, 3), c.in[0].numel(), lr, a.f("beta1"), a.f("beta2"), a.f("eps"),
+            a.f("weight_decay"), clip, step, a.b("reset_grad", true));
     });
   });
 }

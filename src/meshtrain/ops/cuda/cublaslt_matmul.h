@@ -72,8 +72,8 @@ std::shared_ptr<const GemmPlan> gemm_plan(int device, const GemmProblem& problem
 // ---- shared by the plans here and the expert GEMMs (expert_gemm.h) ------------------------------
 // The cuBLASLt handle of `device` (created on first use, never destroyed).
 cublasLtHandle_t lt_handle(int device);
-cudaDataType_t element_type(DType d);        // bf16 / f32 / f64; ValueError otherwise
-cublasComputeType_t compute_type(DType d);   // 32F (never TF32) or 64F
+cudaDataType_t element_type(DType d);       // bf16 / f32 / f64; ValueError otherwise
+cublasComputeType_t compute_type(DType d);  // 32F (never TF32) or 64F
 // Largest power of two (at most 256) that divides all three addresses.
 uint32_t pointer_alignment(const void* a, const void* b, const void* c);
 

@@ -50,10 +50,10 @@ ExpertGemm::ExpertGemm(int device, const ExpertGemmShape& s, size_t max_workspac
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, compute_type(s.dtype), scale));
   const cublasOperation_t op_a = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
-                                              sizeof(op_a)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
-                                              sizeof(op_b)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a_, elem, uint64_t(s.ta ? s.k : s.m),
                                           uint64_t(s.ta ? s.m : s.k), s.lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b_, elem, uint64_t(s.tb ? s.n : s.k),
@@ -91,8 +91,8 @@ LtChoice ExpertGemm::choose_for(int64_t extent, int64_t other, size_t max_worksp
   if (!c.lt || other == extent) return c;
   set_extent(other);
   cublasLtMatmulHeuristicResult_t check{};
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoCheck(lt_, desc_, layout_a_, layout_b_, layout_c_, layout_c_, &c.algo, &check);
+  const cublasStatus_t st = cublasLtMatmulAlgoCheck(lt_, desc_, layout_a_, layout_b_, layout_c_,
+                                                    layout_c_, &c.algo, &check);
   if (st != CUBLAS_STATUS_SUCCESS || check.workspaceSize > max_workspace) c.lt = false;
   return c;
 }
@@ -147,11 +147,11 @@ void ExpertGemm::classic(int64_t extent, const void* a, const void* b, void* c,
   const bool f64 = s.dtype == DType::kF64;
   const cudaDataType_t t = element_type(s.dtype);
   const int n = int(s.vary_k ? s.n : extent), k = int(s.vary_k ? extent : s.k);
-  CUBLAS_CHECK(cublasGemmEx(blas, s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, s.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            int(s.m), n, k, f64 ? static_cast<const void*>(&alpha64) : &alpha32, a,
-                            t, int(s.lda), b, t, int(s.ldb),
-                            f64 ? static_cast<const void*>(&beta64) : &beta32, c, t, int(s.ldc),
-                            compute_type(s.dtype), CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmEx(blas, s.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            s.tb ? CUBLAS_OP_T : CUBLAS_OP_N, int(s.m), n, k,
+                            f64 ? static_cast<const void*>(&alpha64) : &alpha32, a, t, int(s.lda),
+                            b, t, int(s.ldb), f64 ? static_cast<const void*>(&beta64) : &beta32, c,
+                            t, int(s.ldc), compute_type(s.dtype), CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace meshtrain::cuda

@@ -116,7 +116,8 @@ struct GroupedState {
   const void** host_ptrs = nullptr;  // pinned [3, E]: A, B, C
 
   // `shape`: the expert GEMM with its varying extent at the maximum (every routed row).
-  GroupedState(const Graph& graph, ValueId groups, int64_t e, DType dt, const ExpertGemmShape& shape)
+  GroupedState(const Graph& graph, ValueId groups, int64_t e, DType dt,
+               const ExpertGemmShape& shape)
       : experts(e), dtype(dt) {
     CUDA_CHECK(cudaGetDevice(&device));
     if (shape.m > 0 && shape.n > 0 && shape.k > 0)
@@ -124,8 +125,8 @@ struct GroupedState {
     if (groups_published(graph, groups))
       published = host_groups_of(graph, groups, e);
     else
-      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&own),
-                                size_t(2 * std::max<int64_t>(e, 1)) * 4));
+      CUDA_CHECK(
+          cudaMallocHost(reinterpret_cast<void**>(&own), size_t(2 * std::max<int64_t>(e, 1)) * 4));
     slots = &slot_streams(device);
     CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     for (auto& ev : join) CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
@@ -150,16 +151,15 @@ struct GroupedState {
   GroupedState& operator=(const GroupedState&) = delete;
 
   // The groups on the host, checked against the buffer's rows. Host sync: see the file comment.
-  const int32_t* host_groups(KernelContext& c, const Tensor& groups, int64_t rows,
-                             const char* op) {
+  const int32_t* host_groups(KernelContext& c, const Tensor& groups, int64_t rows, const char* op) {
     const int32_t* g = nullptr;
     if (published) {
       CUDA_CHECK(cudaEventSynchronize(published->ready));  // waits for the plan only
       g = published->pinned;
     } else {
       cudaStream_t s = stream_of(c);
-      CUDA_CHECK(cudaMemcpyAsync(own, groups.raw(), size_t(2 * experts) * 4,
-                                 cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(
+          cudaMemcpyAsync(own, groups.raw(), size_t(2 * experts) * 4, cudaMemcpyDeviceToHost, s));
       CUDA_CHECK(cudaStreamSynchronize(s));  // groups made by an exchange op: see the file comment
       g = own;
     }
@@ -256,7 +256,6 @@ struct GroupedState {
         f64 ? static_cast<const void*>(beta64_v.data()) : beta32_v.data(), dev + 2 * e, t,
         ldc_v.data(), count, size_v.data(), f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F));
   }
-
 };
 
 template <typename T>
@@ -282,14 +281,30 @@ void launch_zero_outside(DType dt, const Tensor& groups, int64_t e, int64_t rows
 // [E, n, k] (tw) or [E, k, n].
 ExpertGemmShape gmm_shape(const TensorMeta& x, const TensorMeta& w, bool tw) {
   const int64_t rows = x.shape[0], k = x.shape[1], n = tw ? w.shape[1] : w.shape[2];
-  return {.dtype = x.dtype, .ta = tw, .tb = false, .m = n, .n = rows, .k = k,
-          .lda = tw ? k : n, .ldb = k, .ldc = n, .vary_k = false};
+  return {.dtype = x.dtype,
+          .ta = tw,
+          .tb = false,
+          .m = n,
+          .n = rows,
+          .k = k,
+          .lda = tw ? k : n,
+          .ldb = k,
+          .ldc = n,
+          .vary_k = false};
 }
 // grouped_matmul_wgrad: out_eᵀ[q, p] = b_eᵀ[q, count] · a_e[count, p].
 ExpertGemmShape wgrad_shape(const TensorMeta& a, const TensorMeta& b) {
   const int64_t rows = a.shape[0], p = a.shape[1], q = b.shape[1];
-  return {.dtype = a.dtype, .ta = false, .tb = true, .m = q, .n = p, .k = rows,
-          .lda = q, .ldb = p, .ldc = q, .vary_k = true};
+  return {.dtype = a.dtype,
+          .ta = false,
+          .tb = true,
+          .m = q,
+          .n = p,
+          .k = rows,
+          .lda = q,
+          .ldb = p,
+          .ldc = q,
+          .vary_k = true};
 }
 
 KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
@@ -321,8 +336,7 @@ KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
         continue;
       }
       st->expert_gemm(count, tw ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, we,
-                      tw ? k : n, x + size_t(start * k) * elem, k, y + size_t(start * n) * elem,
-                      n);
+                      tw ? k : n, x + size_t(start * k) * elem, k, y + size_t(start * n) * elem, n);
     }
     st->join_slots(c);
   };
@@ -355,8 +369,8 @@ KernelFn make_grouped_wgrad(const Node& node, const Graph& graph) {
       // Row-major out_e[p, q] = a_eᵀ b_e; column-major: out_eᵀ[q, p] = b_eᵀ · a_e, where b_e
       // stored row-major [count, q] is column-major b_eᵀ (ld q) and a_e is column-major a_eᵀ
       // (ld p), used transposed.
-      st->expert_gemm(count, CUBLAS_OP_N, CUBLAS_OP_T, q, p, count,
-                      b + size_t(start * q) * elem, q, a + size_t(start * p) * elem, p, oe, q);
+      st->expert_gemm(count, CUBLAS_OP_N, CUBLAS_OP_T, q, p, count, b + size_t(start * q) * elem, q,
+                      a + size_t(start * p) * elem, p, oe, q);
     }
     st->join_slots(c);
   };

@@ -78,13 +78,13 @@ void moe_token_counts(DType dtype, const int32_t* ids, int64_t n, int64_t expert
     launch_counts(ids, n, experts, static_cast<float*>(counts), stream);
 }
 
-void expert_bias_update(DType dtype, void* bias, void* counter, void* last_load,
-                        const void* counts, int64_t experts, double coeff, cudaStream_t stream) {
+void expert_bias_update(DType dtype, void* bias, void* counter, void* last_load, const void* counts,
+                        int64_t experts, double coeff, cudaStream_t stream) {
   if (experts == 0) return;
   if (dtype == DType::kF64)
     launch_bias_update(static_cast<double*>(bias), static_cast<double*>(counter),
-                       static_cast<double*>(last_load), static_cast<const double*>(counts),
-                       experts, coeff, stream);
+                       static_cast<double*>(last_load), static_cast<const double*>(counts), experts,
+                       coeff, stream);
   else
     launch_bias_update(static_cast<float*>(bias), static_cast<float*>(counter),
                        static_cast<float*>(last_load), static_cast<const float*>(counts), experts,

@@ -19,7 +19,7 @@ void moe_token_counts(DType dtype, const int32_t* ids, int64_t n, int64_t expert
 // counts, counter = 0. The mean and the mean of the deltas are summed in float64 in index order
 // by one thread, exactly as the CPU kernel does, so every rank and both backends agree bit for
 // bit. `counts` may alias `counter`.
-void expert_bias_update(DType dtype, void* bias, void* counter, void* last_load,
-                        const void* counts, int64_t experts, double coeff, cudaStream_t stream);
+void expert_bias_update(DType dtype, void* bias, void* counter, void* last_load, const void* counts,
+                        int64_t experts, double coeff, cudaStream_t stream);
 
 }  // namespace meshtrain::cuda

@@ -56,24 +56,23 @@ void combine(const T* y, const int32_t* row_map, const W* w, T* out, int64_t tok
     return int(std::clamp<int64_t>((items + 31) / 32 * 32, 32, 256));
   };
   if (d % V == 0 && aligned16(y) && aligned16(out))
-    combine_kernel<V><<<unsigned(tokens), threads_for(d / V), 0, s>>>(y, row_map, w, out, k, d,
-                                                                       capacity);
+    combine_kernel<V>
+        <<<unsigned(tokens), threads_for(d / V), 0, s>>>(y, row_map, w, out, k, d, capacity);
   else
-    combine_kernel<1><<<unsigned(tokens), threads_for(d), 0, s>>>(y, row_map, w, out, k, d,
-                                                                   capacity);
+    combine_kernel<1>
+        <<<unsigned(tokens), threads_for(d), 0, s>>>(y, row_map, w, out, k, d, capacity);
   CUDA_CHECK_LAUNCH("moe_combine");
 }
 
 // out[t, j] = <perm[row_map[t, j]], rows[t]>; O is float for bf16 rows.
 template <typename T, typename O>
 __global__ void row_dot_kernel(const T* __restrict__ perm, const T* __restrict__ rows,
-                               const int32_t* __restrict__ row_map, O* __restrict__ out,
-                               int64_t n, int64_t k, int64_t d, int64_t capacity) {
+                               const int32_t* __restrict__ row_map, O* __restrict__ out, int64_t n,
+                               int64_t k, int64_t d, int64_t capacity) {
   using A = acc_t<T>;
   const int64_t warps = int64_t(blockDim.x / 32) * gridDim.x;
   const int lane = threadIdx.x & 31;
-  for (int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < n;
-       i += warps) {
+  for (int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < n; i += warps) {
     const int32_t r = row_map[i];
     MT_DEVICE_CHECK(r >= 0 && r < capacity, "moe_row_dot: a row_map entry is outside the buffer");
     const T* p = perm + int64_t(r) * d;
@@ -90,8 +89,8 @@ void row_dot(const T* perm, const T* rows, const int32_t* row_map, O* out, int64
              int64_t d, int64_t capacity, cudaStream_t s) {
   if (n == 0) return;
   constexpr int kThreads = 256;
-  row_dot_kernel<<<grid_for(n * 32, kThreads), kThreads, 0, s>>>(perm, rows, row_map, out, n, k,
-                                                                 d, capacity);
+  row_dot_kernel<<<grid_for(n * 32, kThreads), kThreads, 0, s>>>(perm, rows, row_map, out, n, k, d,
+                                                                 capacity);
   CUDA_CHECK_LAUNCH("moe_row_dot");
 }
 

@@ -39,8 +39,8 @@ __global__ void dispatch_count_kernel(const int32_t* __restrict__ ids, int64_t n
 }
 
 // (2) One block: totals and padded starts into groups, chunk bases in place of the counts.
-__global__ void dispatch_offsets_kernel(int32_t* __restrict__ chunk_base, int64_t chunks,
-                                        int64_t e, int64_t align, int64_t capacity,
+__global__ void dispatch_offsets_kernel(int32_t* __restrict__ chunk_base, int64_t chunks, int64_t e,
+                                        int64_t align, int64_t capacity,
                                         int32_t* __restrict__ groups) {
   // Each thread owns experts x = threadIdx.x + j·blockDim.x: total over the chunks, and the
   // chunk bases relative to the group start.
@@ -94,8 +94,8 @@ __global__ void dispatch_rank_kernel(const int32_t* __restrict__ ids, int64_t n,
   }
   __syncthreads();
   if (id >= 0)
-    row_map[i] = chunk_base[int64_t(blockIdx.x) * e + id] + warp_counts[int64_t(warp) * e + id] +
-                 in_warp;
+    row_map[i] =
+        chunk_base[int64_t(blockIdx.x) * e + id] + warp_counts[int64_t(warp) * e + id] + in_warp;
 }
 
 void dispatch_plan(KernelContext& c, HostGroups& published) {
@@ -115,8 +115,8 @@ void dispatch_plan(KernelContext& c, HostGroups& published) {
   }
   dispatch_count_kernel<<<unsigned(chunks), kPlanThreads, count_smem, s>>>(ids, n, e, base);
   CUDA_CHECK_LAUNCH("moe_dispatch_plan_count");
-  dispatch_offsets_kernel<<<1, 256, 0, s>>>(base, chunks, e, align,
-                                           ops::moe_capacity(n, e, align), groups);
+  dispatch_offsets_kernel<<<1, 256, 0, s>>>(base, chunks, e, align, ops::moe_capacity(n, e, align),
+                                            groups);
   CUDA_CHECK_LAUNCH("moe_dispatch_plan_offsets");
   if (n > 0) {
     dispatch_rank_kernel<<<unsigned(chunks), kPlanThreads, rank_smem, s>>>(ids, n, e, base,
@@ -206,8 +206,7 @@ void permute(KernelContext& c) {
   fill_minus_one_kernel<<<grid_for(capacity, 256), 256, 0, s>>>(inv, capacity);
   CUDA_CHECK_LAUNCH("moe_permute_clear");
   if (n > 0) {
-    invert_row_map_kernel<<<grid_for(n, 256), 256, 0, s>>>(in_ptr<int32_t>(c, 1), n, capacity,
-                                                           inv);
+    invert_row_map_kernel<<<grid_for(n, 256), 256, 0, s>>>(in_ptr<int32_t>(c, 1), n, capacity, inv);
     CUDA_CHECK_LAUNCH("moe_permute_invert");
   }
   const bool weighted = c.in.size() == 3;

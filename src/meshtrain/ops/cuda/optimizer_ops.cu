@@ -69,10 +69,14 @@ void adamw(KernelContext& c) {
   const double b1 = at.f("beta1"), b2 = at.f("beta2");
   const double bc1 = 1.0 - std::pow(b1, double(step));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step)));
-  AdamWArgs<T> a{T(lr / bc1),       T(1.0 - lr * at.f("weight_decay")),
-                 T(1.0 - b1),       T(b2),
-                 T(1.0 - b2),       T(at.f("eps")),
-                 T(1.0 / bc2_sqrt), at.f("max_norm"),
+  AdamWArgs<T> a{T(lr / bc1),
+                 T(1.0 - lr * at.f("weight_decay")),
+                 T(1.0 - b1),
+                 T(b2),
+                 T(1.0 - b2),
+                 T(at.f("eps")),
+                 T(1.0 / bc2_sqrt),
+                 at.f("max_norm"),
                  at.b("reset_grad", true)};
   T* p = inout_ptr<T>(c, 0);
   T* g = inout_ptr<T>(c, 1);

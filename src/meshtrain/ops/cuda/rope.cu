@@ -55,8 +55,8 @@ __global__ void rope_kernel(const T* __restrict__ x, const TT* __restrict__ tabl
 }
 
 template <typename T, typename TT>
-void launch_rope(const Tensor& x, const Tensor& table, const Tensor& y, int64_t start,
-                 bool inverse, cudaStream_t st) {
+void launch_rope(const Tensor& x, const Tensor& table, const Tensor& y, int64_t start, bool inverse,
+                 cudaStream_t st) {
   const Shape& sh = x.shape();
   const int64_t row_pairs = sh[3] / 2, first = start / 2, half = row_pairs - first;
   const int64_t pairs = sh.numel() / 2;
@@ -66,12 +66,12 @@ void launch_rope(const Tensor& x, const Tensor& table, const Tensor& y, int64_t 
   const TT* tp = static_cast<const TT*>(table.raw());
   T* yp = static_cast<T*>(y.raw());
   if (2 * pairs + int64_t(grid) * 256 < (int64_t(1) << 31))
-    rope_kernel<T, TT, uint32_t><<<grid, 256, 0, st>>>(
-        xp, tp, yp, uint32_t(pairs), uint32_t(sh[1]), uint32_t(sh[2]), uint32_t(row_pairs),
-        uint32_t(first), uint32_t(half), inverse);
+    rope_kernel<T, TT, uint32_t><<<grid, 256, 0, st>>>(xp, tp, yp, uint32_t(pairs), uint32_t(sh[1]),
+                                                       uint32_t(sh[2]), uint32_t(row_pairs),
+                                                       uint32_t(first), uint32_t(half), inverse);
   else
-    rope_kernel<T, TT, int64_t><<<grid, 256, 0, st>>>(xp, tp, yp, pairs, sh[1], sh[2], row_pairs,
-                                                       first, half, inverse);
+    rope_kernel<T, TT, int64_t>
+        <<<grid, 256, 0, st>>>(xp, tp, yp, pairs, sh[1], sh[2], row_pairs, first, half, inverse);
   CUDA_CHECK_LAUNCH("rope");
 }
 

@@ -162,9 +162,8 @@ __global__ void router_kernel(const T* __restrict__ logits, const T* __restrict_
 // scores [e] and ds [e].
 template <typename T>
 __global__ void router_backward_kernel(const T* __restrict__ logits,
-                                       const int32_t* __restrict__ ids,
-                                       const T* __restrict__ dw, T* __restrict__ dl,
-                                       RouterParams p) {
+                                       const int32_t* __restrict__ ids, const T* __restrict__ dw,
+                                       T* __restrict__ dl, RouterParams p) {
   extern __shared__ double smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   double* scores = smem + warp * p.smem_doubles;
@@ -184,7 +183,8 @@ __global__ void router_backward_kernel(const T* __restrict__ logits,
         gu += double(g[j]) * scores[id[j]];
       }
       const double n = sum + 1e-20;
-      for (int64_t j = 0; j < p.k; ++j) ds[id[j]] += p.route_scale * (double(g[j]) / n - gu / (n * n));
+      for (int64_t j = 0; j < p.k; ++j)
+        ds[id[j]] += p.route_scale * (double(g[j]) / n - gu / (n * n));
     } else {
       for (int64_t j = 0; j < p.k; ++j) ds[id[j]] += p.route_scale * double(g[j]);
     }
@@ -207,7 +207,8 @@ void launch_router(Kernel kernel, const RouterParams& p, cudaStream_t s, const c
   if (p.tokens == 0) return;
   const size_t smem = size_t(kWarpsPerBlock) * size_t(p.smem_doubles) * sizeof(double);
   if (smem > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const unsigned blocks = unsigned((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
   kernel<<<blocks, kWarpsPerBlock * 32, smem, s>>>(args..., p);
   CUDA_CHECK_LAUNCH(what);
@@ -244,8 +245,8 @@ KernelFn make_router_backward(const Node& node, const Graph&) {
     RouterParams p = params_of(c, cfg);
     p.smem_doubles = 2 * p.e;
     auto run = [&]<typename T>(T*) {
-      launch_router(router_backward_kernel<T>, p, stream_of(c), "router_backward",
-                    in_ptr<T>(c, 0), in_ptr<int32_t>(c, 1), in_ptr<T>(c, 2), out_ptr<T>(c, 0));
+      launch_router(router_backward_kernel<T>, p, stream_of(c), "router_backward", in_ptr<T>(c, 0),
+                    in_ptr<int32_t>(c, 1), in_ptr<T>(c, 2), out_ptr<T>(c, 0));
     };
     dispatch_router_dtype(c.in[0].dtype(), "router_backward", run);
   };

@@ -75,12 +75,12 @@ void launch_copy_blocks(void* dst, int64_t dst_ext, int64_t dst_at, const void* 
   // Largest word index touched on either side (plus the grid-stride overshoot) must fit 32 bits.
   const int64_t span = std::max(outer * dst_ext, outer * src_ext) * words + int64_t(grid) * 256;
   if (span < (int64_t(1) << 32))
-    copy_blocks_kernel<U, uint32_t><<<grid, 256, 0, s>>>(
-        d, uint32_t(dst_ext), uint32_t(dst_at), x, uint32_t(src_ext), uint32_t(src_at),
-        uint32_t(outer), uint32_t(len), uint32_t(words));
+    copy_blocks_kernel<U, uint32_t>
+        <<<grid, 256, 0, s>>>(d, uint32_t(dst_ext), uint32_t(dst_at), x, uint32_t(src_ext),
+                              uint32_t(src_at), uint32_t(outer), uint32_t(len), uint32_t(words));
   else
-    copy_blocks_kernel<U, int64_t><<<grid, 256, 0, s>>>(d, dst_ext, dst_at, x, src_ext, src_at,
-                                                         outer, len, words);
+    copy_blocks_kernel<U, int64_t>
+        <<<grid, 256, 0, s>>>(d, dst_ext, dst_at, x, src_ext, src_at, outer, len, words);
 }
 
 void copy_blocks(void* dst, int64_t dst_ext, int64_t dst_at, const void* src, int64_t src_ext,
@@ -105,8 +105,7 @@ void copy_blocks(void* dst, int64_t dst_ext, int64_t dst_at, const void* src, in
                                    s);
       break;
     default:
-      launch_copy_blocks<uint8_t>(dst, dst_ext, dst_at, src, src_ext, src_at, outer, len, words,
-                                  s);
+      launch_copy_blocks<uint8_t>(dst, dst_ext, dst_at, src, src_ext, src_at, outer, len, words, s);
   }
   CUDA_CHECK_LAUNCH("copy_blocks");
 }

@@ -1,8 +1,9 @@
 // The CPU backend: synchronous streams (work is done when the call returns), so events are
 // only timestamps and waits are no-ops.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
-#include <unistd.h>
 
 #include "meshtrain/runtime/backend.h"
 
