@@ -8,7 +8,7 @@
 #include <cfloat>
 
 #include "meshtrain/ops/cuda/attention_kernels.h"
-#include "meshtrain/ops/cuda/matmul_attention_check.h"
+#include "meshtrain/runtime/cuda/cuda_check.h"
 
 namespace meshtrain::cuda {
 namespace {

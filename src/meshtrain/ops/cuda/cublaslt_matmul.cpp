@@ -10,7 +10,7 @@
 #include <optional>
 #include <tuple>
 
-#include "meshtrain/ops/cuda/matmul_attention_check.h"
+#include "meshtrain/runtime/cuda/cuda_check.h"
 
 namespace meshtrain::cuda {
 

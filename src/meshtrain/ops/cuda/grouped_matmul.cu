@@ -15,12 +15,9 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <string>
-#include <vector>
 
 #include "meshtrain/ops/cuda/cublaslt_matmul.h"
 #include "meshtrain/ops/cuda/cuda_kernel.h"
@@ -105,15 +102,6 @@ struct GroupedState {
   cudaEvent_t join[kSlots] = {};
   int64_t slot_rows[kSlots] = {};
   bool slot_used[kSlots] = {};
-  // Batched mode (MESHTRAIN_GROUPED_GEMM=batched): one cublasGemmGroupedBatchedEx per launch; the
-  // per-expert extents on the host, the A/B/C pointers copied to the front of the workspace.
-  bool batched = false;
-  int count = 0;
-  std::vector<cublasOperation_t> ta_v, tb_v;
-  std::vector<int> m_v, n_v, k_v, lda_v, ldb_v, ldc_v, size_v;
-  std::vector<float> alpha32_v, beta32_v;
-  std::vector<double> alpha64_v, beta64_v;
-  const void** host_ptrs = nullptr;  // pinned [3, E]: A, B, C
 
   // `shape`: the expert GEMM with its varying extent at the maximum (every routed row).
   GroupedState(const Graph& graph, ValueId groups, int64_t e, DType dt,
@@ -130,20 +118,9 @@ struct GroupedState {
     slots = &slot_streams(device);
     CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     for (auto& ev : join) CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    const char* mode = std::getenv("MESHTRAIN_GROUPED_GEMM");
-    batched = mode && std::string(mode) == "batched";
-    if (batched) {
-      const size_t n = size_t(std::max<int64_t>(e, 1));
-      ta_v.resize(n), tb_v.resize(n), m_v.resize(n), n_v.resize(n), k_v.resize(n);
-      lda_v.resize(n), ldb_v.resize(n), ldc_v.resize(n), size_v.assign(n, 1);
-      alpha32_v.assign(n, 1.0f), beta32_v.assign(n, 0.0f);
-      alpha64_v.assign(n, 1.0), beta64_v.assign(n, 0.0);
-      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_ptrs), 3 * n * sizeof(void*)));
-    }
   }
   ~GroupedState() {
     if (own) cudaFreeHost(own);
-    if (host_ptrs) cudaFreeHost(host_ptrs);
     cudaEventDestroy(fork);
     for (auto& ev : join) cudaEventDestroy(ev);
   }
@@ -168,10 +145,8 @@ struct GroupedState {
   }
 
   // Starts a launch's expert GEMMs: forks the slots off the node's stream and hands each its
-  // slice of the workspace (batched mode: starts an empty batch).
+  // slice of the workspace.
   void fork_slots(KernelContext& c) {
-    count = 0;
-    if (batched) return;
     CUDA_CHECK(cudaEventRecord(fork, stream_of(c)));
     const size_t total = c.workspace.defined() ? c.workspace.nbytes() : 0;
     const size_t slice = total / kSlots / 256 * 256;
@@ -197,13 +172,8 @@ struct GroupedState {
     }
     return best;
   }
-  // Ends a launch's expert GEMMs: the node's stream waits for every slot that ran one (batched
-  // mode: copies the pointers to the device and runs the batch on the node's stream).
+  // Ends a launch's expert GEMMs: the node's stream waits for every slot that ran one.
   void join_slots(KernelContext& c) {
-    if (batched) {
-      run_batch(c);
-      return;
-    }
     for (int i = 0; i < kSlots; ++i) {
       if (!slot_used[i]) continue;
       CUDA_CHECK(cudaEventRecord(join[i], slots->stream[i]));
@@ -211,50 +181,15 @@ struct GroupedState {
     }
   }
 
-  // Column-major C[m, n] = op(A) op(B) with beta 0 for `rows` routed rows (the varying extent of
-  // `lt`: n for grouped_matmul, k for the wgrad): on the least loaded slot, or recorded into the
-  // batch.
-  void expert_gemm(int64_t rows, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-                   int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
-                   int64_t ldc) {
-    if (!batched) {
-      // lt is null only when an extent is 0, and then no launch reaches a GEMM.
-      MT_CHECK(lt != nullptr, "grouped GEMM: expert GEMM of {}x{}x{} without a plan", m, n, k);
-      const int slot = pick_slot(rows);
-      return lt->run(rows, a, b, c, slot_ws ? slot_ws + size_t(slot) * slot_ws_bytes : nullptr,
-                     slot_ws_bytes, slots->stream[slot], slots->handle[slot]);
-    }
-    const size_t i = size_t(count++);
-    const size_t e = size_v.size();
-    ta_v[i] = ta, tb_v[i] = tb, m_v[i] = int(m), n_v[i] = int(n), k_v[i] = int(k);
-    lda_v[i] = int(lda), ldb_v[i] = int(ldb), ldc_v[i] = int(ldc);
-    host_ptrs[i] = a, host_ptrs[e + i] = b, host_ptrs[2 * e + i] = c;
-  }
-
-  void run_batch(KernelContext& c) {
-    if (count == 0) return;
-    cudaStream_t s = stream_of(c);
-    const size_t e = size_v.size();
-    const size_t ptr_bytes = (3 * e * sizeof(void*) + 255) / 256 * 256;
-    MT_CHECK(c.workspace.defined() && c.workspace.nbytes() > ptr_bytes,
-             "grouped GEMM (batched): the workspace cannot hold the pointer arrays");
-    char* ws = static_cast<char*>(c.workspace.raw());
-    // The pinned pointers are rewritten only after this copy is done: the next launch of this
-    // node waits (on its plan's event or its stream) for work queued after it.
-    CUDA_CHECK(cudaMemcpyAsync(ws, host_ptrs, 3 * e * sizeof(void*), cudaMemcpyHostToDevice, s));
-    auto** dev = reinterpret_cast<void**>(ws);
-    cublasHandle_t h = blas_handle(device);
-    CUBLAS_CHECK(cublasSetStream(h, s));
-    CUBLAS_CHECK(cublasSetWorkspace(h, ws + ptr_bytes, c.workspace.nbytes() - ptr_bytes));
-    const bool f64 = dtype == DType::kF64;
-    const cudaDataType_t t = cuda_type(dtype);
-    CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
-        h, ta_v.data(), tb_v.data(), m_v.data(), n_v.data(), k_v.data(),
-        f64 ? static_cast<const void*>(alpha64_v.data()) : alpha32_v.data(),
-        reinterpret_cast<const void* const*>(dev), t, lda_v.data(),
-        reinterpret_cast<const void* const*>(dev + e), t, ldb_v.data(),
-        f64 ? static_cast<const void*>(beta64_v.data()) : beta32_v.data(), dev + 2 * e, t,
-        ldc_v.data(), count, size_v.data(), f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F));
+  // Column-major C = op(A) op(B) with beta 0 for `rows` routed rows (the varying extent of `lt`:
+  // n for grouped_matmul, k for the wgrad; the other extents and the transposes are `lt`'s), on
+  // the least loaded slot.
+  void expert_gemm(int64_t rows, const void* a, const void* b, void* c) {
+    // lt is null only when an extent is 0, and then no launch reaches a GEMM.
+    MT_CHECK(lt != nullptr, "grouped GEMM: expert GEMM of {} rows without a plan", rows);
+    const int slot = pick_slot(rows);
+    lt->run(rows, a, b, c, slot_ws ? slot_ws + size_t(slot) * slot_ws_bytes : nullptr,
+            slot_ws_bytes, slots->stream[slot], slots->handle[slot]);
   }
 };
 
@@ -335,8 +270,7 @@ KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
                                    stream_of(c)));
         continue;
       }
-      st->expert_gemm(count, tw ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, we,
-                      tw ? k : n, x + size_t(start * k) * elem, k, y + size_t(start * n) * elem, n);
+      st->expert_gemm(count, we, x + size_t(start * k) * elem, y + size_t(start * n) * elem);
     }
     st->join_slots(c);
   };
@@ -369,8 +303,7 @@ KernelFn make_grouped_wgrad(const Node& node, const Graph& graph) {
       // Row-major out_e[p, q] = a_eᵀ b_e; column-major: out_eᵀ[q, p] = b_eᵀ · a_e, where b_e
       // stored row-major [count, q] is column-major b_eᵀ (ld q) and a_e is column-major a_eᵀ
       // (ld p), used transposed.
-      st->expert_gemm(count, CUBLAS_OP_N, CUBLAS_OP_T, q, p, count, b + size_t(start * q) * elem, q,
-                      a + size_t(start * p) * elem, p, oe, q);
+      st->expert_gemm(count, b + size_t(start * q) * elem, a + size_t(start * p) * elem, oe);
     }
     st->join_slots(c);
   };

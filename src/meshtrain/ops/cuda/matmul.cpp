@@ -5,7 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "meshtrain/ops/cuda/cublaslt_matmul.h"
-#include "meshtrain/ops/cuda/matmul_attention_check.h"
+#include "meshtrain/runtime/cuda/cuda_check.h"
 
 namespace meshtrain::cuda {
 namespace {
