@@ -7,93 +7,82 @@
 #include <cfloat>
 #include <cmath>
 
+#include "meshtrain/model/layers.h"
 #include "meshtrain/ops/cross_entropy.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/embedding.h"
 #include "meshtrain/ops/load_balance.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/rmsnorm.h"
-#include "meshtrain/ops/swiglu.h"
 
 namespace meshtrain {
 
-std::vector<std::string> deepseek_v3_flavors() { return {"debugmodel", "16B", "236B", "671B"}; }
+namespace {
+
+// torchtitan's deepseek_v3 flavors, one row each. Every flavor shares MLA's kv_lora_rank 512,
+// qk_nope / qk_rope / v head dims 128 / 64 / 128, unnormalised routing (but 671B's) and scores
+// applied after the experts. vocab 0 (debugmodel): torchtitan's test tokenizer has 2048, meshtrain
+// takes the tokenizer's. groups 0: no group-limited routing.
+struct DeepSeekV3Flavor {
+  const char* name;
+  int64_t vocab_size, dim, inter_dim, moe_inter_dim;
+  int n_layers, n_dense_layers, n_heads;
+  int64_t num_experts, num_shared_experts, top_k, num_expert_groups, num_limited_groups;
+  const char* score_func;
+  bool route_norm;
+  double route_scale;
+  int64_t q_lora_rank;
+  double mscale;
+};
+// clang-format off
+constexpr DeepSeekV3Flavor kFlavors[] = {
+//  name          vocab   dim   inter  moe_inter layers dense heads experts shared top_k groups limited score      norm   scale q_lora mscale
+  {"debugmodel",  0,      256,  1024,  256,      6,     1,    16,   8,      2,     3,    0,     0,      "softmax", false, 1.0,  0,     0.70},
+  {"16B",         102400, 2048, 10944, 1408,     27,    1,    16,   64,     2,     6,    0,     0,      "softmax", false, 1.0,  0,     0.70},
+  {"236B",        102400, 5120, 12288, 1536,     60,    1,    128,  160,    2,     6,    8,     3,      "softmax", false, 16.0, 1536,  1.0},
+  {"671B",        129280, 7168, 18432, 2048,     61,    3,    128,  256,    1,     8,    8,     4,      "sigmoid", true,  2.5,  1536,  1.0},
+};
+// clang-format on
+
+}  // namespace
+
+std::vector<std::string> deepseek_v3_flavors() {
+  std::vector<std::string> names;
+  for (const DeepSeekV3Flavor& f : kFlavors) names.push_back(f.name);
+  return names;
+}
 
 DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor) {
-  DeepSeekV3Args a;
-  DeepSeekV3MoEArgs& m = a.moe;
-  m.route_norm = false;
-  m.score_before_experts = false;
-  if (flavor == "debugmodel") {
-    a.vocab_size = 0;  // torchtitan's test tokenizer has 2048; meshtrain takes the tokenizer's
-    a.dim = 256;
-    a.inter_dim = 1024;
-    a.moe_inter_dim = 256;
-    a.n_layers = 6;
-    a.n_dense_layers = 1;
-    a.n_heads = 16;
-    m.num_experts = 8;
-    m.num_shared_experts = 2;
-    m.top_k = 3;
-    m.score_func = "softmax";
-    a.q_lora_rank = 0;
-    a.mscale = 0.70;
-  } else if (flavor == "16B") {
-    a.vocab_size = 102400;
-    a.dim = 2048;
-    a.inter_dim = 10944;
-    a.moe_inter_dim = 1408;
-    a.n_layers = 27;
-    a.n_dense_layers = 1;
-    a.n_heads = 16;
-    m.num_experts = 64;
-    m.num_shared_experts = 2;
-    m.top_k = 6;
-    m.score_func = "softmax";
-    a.q_lora_rank = 0;
-    a.mscale = 0.70;
-  } else if (flavor == "236B") {
-    a.vocab_size = 102400;
-    a.dim = 5120;
-    a.inter_dim = 12288;
-    a.moe_inter_dim = 1536;
-    a.n_layers = 60;
-    a.n_dense_layers = 1;
-    a.n_heads = 128;
-    m.num_experts = 160;
-    m.num_shared_experts = 2;
-    m.top_k = 6;
-    m.num_expert_groups = 8;
-    m.num_limited_groups = 3;
-    m.score_func = "softmax";
-    m.route_scale = 16.0;
-    a.q_lora_rank = 1536;
-  } else if (flavor == "671B") {
-    a.vocab_size = 129280;
-    a.dim = 7168;
-    a.inter_dim = 18432;
-    a.moe_inter_dim = 2048;
-    a.n_layers = 61;
-    a.n_dense_layers = 3;
-    a.n_heads = 128;
-    m.num_experts = 256;
-    m.num_shared_experts = 1;
-    m.top_k = 8;
-    m.num_expert_groups = 8;
-    m.num_limited_groups = 4;
-    m.score_func = "sigmoid";
-    m.route_norm = true;
-    m.route_scale = 2.5;
-    a.q_lora_rank = 1536;
-  } else {
-    MT_THROW(ConfigError, "[model] flavor '{}' is not a deepseek_v3 flavor: expected one of {}",
-             flavor, fmt::join(deepseek_v3_flavors(), ", "));
+  for (const DeepSeekV3Flavor& f : kFlavors) {
+    if (flavor != f.name) continue;
+    DeepSeekV3Args a;
+    a.vocab_size = f.vocab_size;
+    a.dim = f.dim;
+    a.inter_dim = f.inter_dim;
+    a.moe_inter_dim = f.moe_inter_dim;
+    a.n_layers = f.n_layers;
+    a.n_dense_layers = f.n_dense_layers;
+    a.n_heads = f.n_heads;
+    DeepSeekV3MoEArgs& m = a.moe;
+    m.num_experts = f.num_experts;
+    m.num_shared_experts = f.num_shared_experts;
+    m.top_k = f.top_k;
+    m.num_expert_groups = f.num_expert_groups;
+    m.num_limited_groups = f.num_limited_groups;
+    m.score_func = f.score_func;
+    m.route_norm = f.route_norm;
+    m.route_scale = f.route_scale;
+    m.score_before_experts = false;
+    a.q_lora_rank = f.q_lora_rank;
+    a.mscale = f.mscale;
+    a.kv_lora_rank = 512;
+    a.qk_nope_head_dim = 128;
+    a.qk_rope_head_dim = 64;
+    a.v_head_dim = 128;
+    return a;
   }
-  a.kv_lora_rank = 512;
-  a.qk_nope_head_dim = 128;
-  a.qk_rope_head_dim = 64;
-  a.v_head_dim = 128;
-  return a;
+  MT_THROW(ConfigError, "[model] flavor '{}' is not a deepseek_v3 flavor: expected one of {}",
+           flavor, fmt::join(deepseek_v3_flavors(), ", "));
 }
 
 void DeepSeekV3Args::validate(const std::string& flavor) const {
@@ -157,13 +146,8 @@ class DeepSeekV3 final : public Model {
   ValueId build(Builder& b, ParallelPlan& plan, const ModelInputs& in) override;
 
  private:
-  ValueId weight(Builder& b, ParallelPlan& plan, const std::string& local, const Shape& shape,
-                 const InitSpec& init, ParamOptions options = {}) {
-    return plan.param(b, b.current_scope() + "." + local, shape, init, options);
-  }
   ValueId attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table, double init_std,
                     const ModelInputs& in);
-  ValueId feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
   ValueId moe(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
 
   DeepSeekV3Args a_;
@@ -199,35 +183,21 @@ ValueId DeepSeekV3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId
   const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
   MlaWeights w;
   if (a_.q_lora_rank == 0) {
-    w.wq = weight(b, plan, "wq.weight", {H * a_.qk_head_dim(), D}, w02, col);
+    w.wq = scoped_param(b, plan, "wq.weight", {H * a_.qk_head_dim(), D}, w02, col);
   } else {
-    w.wq_a = weight(b, plan, "wq_a.weight", {a_.q_lora_rank, D}, w02);
-    w.q_norm = weight(b, plan, "q_norm.weight", {a_.q_lora_rank}, InitSpec::ones());
-    w.wq_b = weight(b, plan, "wq_b.weight", {H * a_.qk_head_dim(), a_.q_lora_rank}, w02, col);
+    w.wq_a = scoped_param(b, plan, "wq_a.weight", {a_.q_lora_rank, D}, w02);
+    w.q_norm = scoped_param(b, plan, "q_norm.weight", {a_.q_lora_rank}, InitSpec::ones());
+    w.wq_b = scoped_param(b, plan, "wq_b.weight", {H * a_.qk_head_dim(), a_.q_lora_rank}, w02, col);
   }
-  w.wkv_a = weight(b, plan, "wkv_a.weight", {a_.kv_lora_rank + a_.qk_rope_head_dim, D}, w02);
-  w.kv_norm = weight(b, plan, "kv_norm.weight", {a_.kv_lora_rank}, InitSpec::ones());
-  w.wkv_b = weight(b, plan, "wkv_b.weight",
-                   {H * (a_.qk_nope_head_dim + a_.v_head_dim), a_.kv_lora_rank}, w02, col);
-  w.wo =
-      weight(b, plan, "wo.weight", {D, H * a_.v_head_dim}, InitSpec::trunc_normal(init_std), row);
+  w.wkv_a = scoped_param(b, plan, "wkv_a.weight", {a_.kv_lora_rank + a_.qk_rope_head_dim, D}, w02);
+  w.kv_norm = scoped_param(b, plan, "kv_norm.weight", {a_.kv_lora_rank}, InitSpec::ones());
+  w.wkv_b = scoped_param(b, plan, "wkv_b.weight",
+                         {H * (a_.qk_nope_head_dim + a_.v_head_dim), a_.kv_lora_rank}, w02, col);
+  w.wo = scoped_param(b, plan, "wo.weight", {D, H * a_.v_head_dim},
+                      InitSpec::trunc_normal(init_std), row);
   ValueId xf = ops::reshape(b, plan.tp_enter(b, x), Shape{in.batch, in.seq_len, D});
   ValueId o = mla_forward(b, a_, w, xf, table, in.seq_len, H / plan.tp_degree());
   return plan.tp_exit(b, ops::reshape(b, o, Shape{in.batch * in.seq_len, D}));
-}
-
-ValueId DeepSeekV3::feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std) {
-  auto s = b.scope("feed_forward");
-  const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
-  ValueId w1 =
-      weight(b, plan, "w1.weight", {a_.inter_dim, a_.dim}, InitSpec::trunc_normal(0.02), col);
-  ValueId w2 =
-      weight(b, plan, "w2.weight", {a_.dim, a_.inter_dim}, InitSpec::trunc_normal(init_std), row);
-  ValueId w3 =
-      weight(b, plan, "w3.weight", {a_.inter_dim, a_.dim}, InitSpec::trunc_normal(init_std), col);
-  ValueId xf = plan.tp_enter(b, x);
-  return plan.tp_exit(
-      b, ops::linear(b, ops::swiglu(b, ops::linear(b, xf, w1), ops::linear(b, xf, w3)), w2));
 }
 
 ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_std) {
@@ -243,21 +213,21 @@ ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_s
   MoeWeights w;
   const ParamOptions ecol{.kind = ParamKind::kExpert, .tp = TpStyle::kColwise};
   const ParamOptions erow{.kind = ParamKind::kExpert, .tp = TpStyle::kRowwise};
-  w.w1 = weight(b, plan, "experts.w1", {E, Hd, D}, InitSpec::trunc_normal(0.02), ecol);
-  w.w2 = weight(b, plan, "experts.w2", {E, D, Hd}, InitSpec::trunc_normal(init_std), erow);
-  w.w3 = weight(b, plan, "experts.w3", {E, Hd, D}, InitSpec::trunc_normal(init_std), ecol);
-  w.gate = weight(b, plan, "router.gate.weight", {E, D},
-                  m.router_zero_init ? InitSpec::zeros() : InitSpec::trunc_normal(init_std),
-                  {.compute_dtype = rdt});
+  w.w1 = scoped_param(b, plan, "experts.w1", {E, Hd, D}, InitSpec::trunc_normal(0.02), ecol);
+  w.w2 = scoped_param(b, plan, "experts.w2", {E, D, Hd}, InitSpec::trunc_normal(init_std), erow);
+  w.w3 = scoped_param(b, plan, "experts.w3", {E, Hd, D}, InitSpec::trunc_normal(init_std), ecol);
+  w.gate = scoped_param(b, plan, "router.gate.weight", {E, D},
+                        m.router_zero_init ? InitSpec::zeros() : InitSpec::trunc_normal(init_std),
+                        {.compute_dtype = rdt});
   if (m.num_shared_experts > 0) {
     const int64_t hs = Hd * m.num_shared_experts;
     const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
-    w.shared_w1 =
-        weight(b, plan, "shared_experts.w1.weight", {hs, D}, InitSpec::trunc_normal(0.02), col);
-    w.shared_w2 =
-        weight(b, plan, "shared_experts.w2.weight", {D, hs}, InitSpec::trunc_normal(init_std), row);
-    w.shared_w3 =
-        weight(b, plan, "shared_experts.w3.weight", {hs, D}, InitSpec::trunc_normal(init_std), col);
+    w.shared_w1 = scoped_param(b, plan, "shared_experts.w1.weight", {hs, D},
+                               InitSpec::trunc_normal(0.02), col);
+    w.shared_w2 = scoped_param(b, plan, "shared_experts.w2.weight", {D, hs},
+                               InitSpec::trunc_normal(init_std), row);
+    w.shared_w3 = scoped_param(b, plan, "shared_experts.w3.weight", {hs, D},
+                               InitSpec::trunc_normal(init_std), col);
   }
   // Load balancing state: the bias the router adds, the forward's counter (summed over the
   // micro-batches of a step) and the last step's counts for the metrics.
@@ -277,9 +247,8 @@ ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_s
   ValueId shared = kNoValue;
   if (!etp && plan.tp_degree() > 1 && w.shared_w1 != kNoValue) {
     auto ss = b.scope("shared_experts");
-    ValueId xf = plan.tp_enter(b, x);
-    ValueId hsh = ops::swiglu(b, ops::linear(b, xf, w.shared_w1), ops::linear(b, xf, w.shared_w3));
-    shared = plan.tp_exit(b, ops::linear(b, hsh, w.shared_w2));
+    shared =
+        plan.tp_exit(b, swiglu_mlp(b, plan.tp_enter(b, x), w.shared_w1, w.shared_w2, w.shared_w3));
     w.shared_w1 = w.shared_w2 = w.shared_w3 = kNoValue;
   }
   MoeOutputs o = moe_forward(b, a_, w, x, &plan);
@@ -317,8 +286,9 @@ ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in)
                  attention(b, plan, ops::rmsnorm(b, h, an, a_.norm_eps), table, init_std, in));
     ValueId fn = plan.param(b, b.current_scope() + ".ffn_norm.weight", {a_.dim}, InitSpec::ones());
     ValueId x = ops::rmsnorm(b, h, fn, a_.norm_eps);
-    h = ops::add(
-        b, h, a_.is_moe_layer(l) ? moe(b, plan, x, init_std) : feed_forward(b, plan, x, init_std));
+    h = ops::add(b, h,
+                 a_.is_moe_layer(l) ? moe(b, plan, x, init_std)
+                                    : feed_forward(b, plan, x, a_.dim, a_.inter_dim, init_std));
   }
   ValueId nw = plan.param(b, "norm.weight", {a_.dim}, InitSpec::ones());
   h = ops::rmsnorm(b, h, nw, torch_default_eps(cdt));

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "meshtrain/model/deepseek_v3.h"
+#include "meshtrain/model/layers.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/grouped_matmul.h"
@@ -112,8 +113,7 @@ MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w,
     return out;
   }
   auto s = b.scope("shared_experts");
-  ValueId h = ops::swiglu(b, ops::linear(b, x, w.shared_w1), ops::linear(b, x, w.shared_w3));
-  out.out = ops::add(b, ops::linear(b, h, w.shared_w2), routed);
+  out.out = ops::add(b, swiglu_mlp(b, x, w.shared_w1, w.shared_w2, w.shared_w3), routed);
   return out;
 }
 

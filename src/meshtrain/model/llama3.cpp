@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "meshtrain/model/layers.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/cross_entropy.h"
 #include "meshtrain/ops/elementwise.h"
@@ -11,7 +12,6 @@
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/rmsnorm.h"
 #include "meshtrain/ops/rope.h"
-#include "meshtrain/ops/swiglu.h"
 
 namespace meshtrain {
 
@@ -22,56 +22,54 @@ int64_t Llama3Args::ffn_hidden() const {
   return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
 }
 
-std::vector<std::string> llama3_flavors() { return {"debugmodel", "tiny", "8B", "70B", "405B"}; }
+namespace {
+
+// torchtitan's llama3 flavors, one row each, plus meshtrain's test flavor "tiny": odd sizes
+// (dim 40, ffn 112) that do not divide by 3, so uneven FSDP shards are exercised; small enough
+// for many ranks on two cores. vocab 0: the tokenizer's; kv heads 0: n_heads.
+struct Llama3Flavor {
+  const char* name;
+  int64_t dim;
+  int n_layers, n_heads, n_kv_heads;
+  double ffn_dim_multiplier;  // 0: none
+  int64_t multiple_of, vocab_size;
+  double rope_theta;
+};
+// clang-format off
+constexpr Llama3Flavor kFlavors[] = {
+//  name          dim    layers heads kv  ffn_mult multiple_of vocab   rope_theta
+  {"debugmodel",  256,   6,     16,   0,  0,       256,        0,      500000},
+  {"tiny",        40,    2,     4,    0,  0,       16,         0,      500000},
+  {"8B",          4096,  32,    32,   8,  1.3,     1024,       128256, 500000},
+  {"70B",         8192,  80,    64,   8,  1.3,     4096,       128256, 500000},
+  {"405B",        16384, 126,   128,  8,  1.2,     4096,       128256, 500000},
+};
+// clang-format on
+
+}  // namespace
+
+std::vector<std::string> llama3_flavors() {
+  std::vector<std::string> names;
+  for (const Llama3Flavor& f : kFlavors) names.push_back(f.name);
+  return names;
+}
 
 Llama3Args llama3_flavor(const std::string& flavor) {
-  Llama3Args a;
-  if (flavor == "debugmodel") {
-    a.dim = 256;
-    a.n_layers = 6;
-    a.n_heads = 16;
-    a.rope_theta = 500000;
-    a.vocab_size = 0;
-  } else if (flavor == "tiny") {
-    // meshtrain's test flavor: odd sizes (dim 40, ffn 112) that do not divide by 3, so uneven
-    // FSDP shards are exercised; small enough for many ranks on two cores.
-    a.dim = 40;
-    a.n_layers = 2;
-    a.n_heads = 4;
-    a.multiple_of = 16;
-    a.rope_theta = 500000;
-  } else if (flavor == "8B") {
-    a.dim = 4096;
-    a.n_layers = 32;
-    a.n_heads = 32;
-    a.n_kv_heads = 8;
-    a.ffn_dim_multiplier = 1.3;
-    a.multiple_of = 1024;
-    a.rope_theta = 500000;
-    a.vocab_size = 128256;
-  } else if (flavor == "70B") {
-    a.dim = 8192;
-    a.n_layers = 80;
-    a.n_heads = 64;
-    a.n_kv_heads = 8;
-    a.ffn_dim_multiplier = 1.3;
-    a.multiple_of = 4096;
-    a.rope_theta = 500000;
-    a.vocab_size = 128256;
-  } else if (flavor == "405B") {
-    a.dim = 16384;
-    a.n_layers = 126;
-    a.n_heads = 128;
-    a.n_kv_heads = 8;
-    a.ffn_dim_multiplier = 1.2;
-    a.multiple_of = 4096;
-    a.rope_theta = 500000;
-    a.vocab_size = 128256;
-  } else {
-    MT_THROW(ConfigError, "[model] flavor '{}' is not a llama3 flavor: expected one of {}", flavor,
-             fmt::join(llama3_flavors(), ", "));
+  for (const Llama3Flavor& f : kFlavors) {
+    if (flavor != f.name) continue;
+    Llama3Args a;
+    a.dim = f.dim;
+    a.n_layers = f.n_layers;
+    a.n_heads = f.n_heads;
+    a.n_kv_heads = f.n_kv_heads;
+    if (f.ffn_dim_multiplier > 0) a.ffn_dim_multiplier = f.ffn_dim_multiplier;
+    a.multiple_of = f.multiple_of;
+    a.vocab_size = f.vocab_size;
+    a.rope_theta = f.rope_theta;
+    return a;
   }
-  return a;
+  MT_THROW(ConfigError, "[model] flavor '{}' is not a llama3 flavor: expected one of {}", flavor,
+           fmt::join(llama3_flavors(), ", "));
 }
 
 namespace {
@@ -98,17 +96,12 @@ class Llama3 final : public Model {
  private:
   ValueId attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table, double init_std,
                     const ModelInputs& in);
-  ValueId feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
-  ValueId weight(Builder& b, ParallelPlan& plan, const std::string& local, const Shape& shape,
-                 const InitSpec& init, ParamOptions options = {}) {
-    return plan.param(b, b.current_scope() + "." + local, shape, init, options);
-  }
   Llama3Args a_;
   std::string flavor_;
 };
 
-// Attention and feed-forward take the residual stream's token shard x [T/tp, D] and return
-// their output on the same shard: tp_enter gathers the tokens for the column-parallel
+// Attention (and feed_forward, model/layers.h) take the residual stream's token shard x [T/tp, D]
+// and return their output on the same shard: tp_enter gathers the tokens for the column-parallel
 // projections, tp_exit reduce-scatters the row-parallel output (identities when tp = 1).
 ValueId Llama3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table, double init_std,
                           const ModelInputs& in) {
@@ -118,14 +111,14 @@ ValueId Llama3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId tab
   const int64_t hq = a_.n_heads / tp, hkv = a_.kv_heads() / tp;
   const int64_t B = in.batch, S = in.seq_len;
   const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
-  ValueId wq =
-      weight(b, plan, "wq.weight", {a_.n_heads * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
-  ValueId wk =
-      weight(b, plan, "wk.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
-  ValueId wv =
-      weight(b, plan, "wv.weight", {a_.kv_heads() * hd, a_.dim}, InitSpec::trunc_normal(0.02), col);
-  ValueId wo = weight(b, plan, "wo.weight", {a_.dim, a_.n_heads * hd},
-                      InitSpec::trunc_normal(init_std), row);
+  ValueId wq = scoped_param(b, plan, "wq.weight", {a_.n_heads * hd, a_.dim},
+                            InitSpec::trunc_normal(0.02), col);
+  ValueId wk = scoped_param(b, plan, "wk.weight", {a_.kv_heads() * hd, a_.dim},
+                            InitSpec::trunc_normal(0.02), col);
+  ValueId wv = scoped_param(b, plan, "wv.weight", {a_.kv_heads() * hd, a_.dim},
+                            InitSpec::trunc_normal(0.02), col);
+  ValueId wo = scoped_param(b, plan, "wo.weight", {a_.dim, a_.n_heads * hd},
+                            InitSpec::trunc_normal(init_std), row);
   ValueId xf = plan.tp_enter(b, x);
   ValueId q = ops::reshape(b, ops::linear(b, xf, wq), Shape{B, S, hq, hd});
   ValueId k = ops::reshape(b, ops::linear(b, xf, wk), Shape{B, S, hkv, hd});
@@ -134,20 +127,6 @@ ValueId Llama3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId tab
   k = ops::rope(b, k, table);
   ValueId o = ops::attention(b, q, k, v, 1.0 / std::sqrt(double(hd)), true).out;
   return plan.tp_exit(b, ops::linear(b, ops::reshape(b, o, Shape{B * S, hq * hd}), wo));
-}
-
-ValueId Llama3::feed_forward(Builder& b, ParallelPlan& plan, ValueId x, double init_std) {
-  auto s = b.scope("feed_forward");
-  const int64_t hidden = a_.ffn_hidden();
-  const ParamOptions col{.tp = TpStyle::kColwise}, row{.tp = TpStyle::kRowwise};
-  ValueId w1 = weight(b, plan, "w1.weight", {hidden, a_.dim}, InitSpec::trunc_normal(0.02), col);
-  ValueId w2 =
-      weight(b, plan, "w2.weight", {a_.dim, hidden}, InitSpec::trunc_normal(init_std), row);
-  ValueId w3 =
-      weight(b, plan, "w3.weight", {hidden, a_.dim}, InitSpec::trunc_normal(init_std), col);
-  ValueId xf = plan.tp_enter(b, x);
-  ValueId h = ops::swiglu(b, ops::linear(b, xf, w1), ops::linear(b, xf, w3));
-  return plan.tp_exit(b, ops::linear(b, h, w2));
 }
 
 ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
@@ -184,7 +163,7 @@ ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
     h = ops::add(b, h, attention(b, plan, x, table, init_std, in));
     ValueId fn = plan.param(b, b.current_scope() + ".ffn_norm.weight", {a_.dim}, InitSpec::ones());
     x = ops::rmsnorm(b, h, fn, a_.norm_eps);
-    h = ops::add(b, h, feed_forward(b, plan, x, init_std));
+    h = ops::add(b, h, feed_forward(b, plan, x, a_.dim, a_.ffn_hidden(), init_std));
   }
   ValueId nw = plan.param(b, "norm.weight", {a_.dim}, InitSpec::ones());
   h = ops::rmsnorm(b, h, nw, a_.norm_eps);
