@@ -12,6 +12,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libfmt-dev
+  clang-format
   fortunes fortunes-min
 )
 missing=()

@@ -6,8 +6,8 @@
 #
 # Build machine:  ninja -C build-cuda meshtrain_cuda_tests bench_gemm bench_attention \
 #                   check_attention_layout && scripts/gpu_test.sh bundle
-# Carry:          build-cuda/tests/meshtrain_cuda_tests, build-cuda/bench/kernels/{bench_gemm,
-#                 bench_attention,check_attention_layout}, build-cuda/bundle (when it exists),
+# Carry:          build-cuda/tests/{meshtrain_cuda_tests,check_attention_layout},
+#                 build-cuda/bench/kernels/{bench_gemm,bench_attention}, build-cuda/bundle (when it exists),
 #                 and the .cu.o objects below if you want the SASS check
 # GPU machine:    bench/kernels/run_gpu.sh            tests + benchmarks
 #                 SANITIZE=1 bench/kernels/run_gpu.sh also memcheck + racecheck, small attention
@@ -17,8 +17,8 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/meshtrain_gpu}
 mkdir -p "$OUT"
 B=build-cuda
-for f in tests/meshtrain_cuda_tests bench/kernels/bench_gemm bench/kernels/bench_attention \
-         bench/kernels/check_attention_layout; do
+for f in tests/meshtrain_cuda_tests tests/check_attention_layout bench/kernels/bench_gemm \
+         bench/kernels/bench_attention; do
   [ -x "$B/$f" ] || { echo "run_gpu.sh: $B/$f is missing: build it on the build machine"; exit 2; }
 done
 # Shared libraries: the bundle (scripts/gpu_test.sh bundle), the CUDA toolkit, Python's wheels.
@@ -37,7 +37,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu -
 cat "$OUT/gpu.txt"
 
 # Host-only replay of the kernels' fragment index math (no GPU involved).
-"$B/bench/kernels/check_attention_layout" > "$OUT/layout.txt" 2>&1
+"$B/tests/check_attention_layout" > "$OUT/layout.txt" 2>&1
 tail -1 "$OUT/layout.txt"
 
 # Tensor-core mma (HMMA), ldmatrix (LDSM), cp.async (LDGSTS) present; local memory (LDL/STL) absent.
