@@ -3,8 +3,9 @@
 
 report.py table RESULTS.jsonl          -- one row per system/flavor (JSON lines)
 report.py breakdown TRACE.json [N]     -- time per op (and per stream) from a Chrome trace
-report.py meshtrain FLAVOR DUMP_DIR    -- one JSON row from a run's metrics.jsonl (median of the
-                                          steps after the first two, which include warm-up)
+report.py meshtrain FLAVOR DUMP_DIR    -- one JSON row from a run's metrics.jsonl: the median step
+                                          (by step time) of the steps after the first two, which
+                                          include warm-up; its tokens/s, TFLOP/s and MFU
 """
 import json
 import sys
@@ -48,15 +49,22 @@ def breakdown(path, top=25):
 
 
 def meshtrain_row(flavor, dump):
+    """The median step (by step time) of the steady steps; every rate comes from that one step,
+    so tokens/s x step time is the step's token count (medians taken per column would mix
+    steps)."""
     steps = [json.loads(l) for l in open(f"{dump}/metrics.jsonl") if l.strip()]
     steady = [r for r in steps if r["step"] > 2] or steps
-    def med(key):
-        v = sorted(r[key] for r in steady if r.get(key) is not None)
-        return v[len(v) // 2] if v else float("nan")
-    print(json.dumps(dict(system="meshtrain", flavor=flavor, tps=med("tps"), tflops=med("tflops"),
-                          mfu=med("mfu"), peak_gib=max(r["memory_gib"] for r in steps),
-                          step_s=med("step_time_s"), loss=steps[-1]["loss"])))
-
+    timed = sorted((r for r in steady if r.get("step_time_s") is not None),
+                   key=lambda r: r["step_time_s"])
+    m = timed[len(timed) // 2] if timed else {}
+    nan = float("nan")
+    def val(key):
+        v = m.get(key)
+        return nan if v is None else v
+    print(json.dumps(dict(system="meshtrain", flavor=flavor, step=m.get("step"), tps=val("tps"),
+                          tflops=val("tflops"), mfu=val("mfu"),
+                          peak_gib=max(r["memory_gib"] for r in steps), step_s=val("step_time_s"),
+                          loss=steps[-1]["loss"])))
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "table":
