@@ -72,8 +72,10 @@ class InternalError : public Error {
 // MT_THROW(ConfigError, "key {} expects an integer, found {}", key, found)
 #define MT_THROW(Type, ...) throw ::meshtrain::Type(fmt::format(__VA_ARGS__), __FILE__, __LINE__)
 
-// MT_CHECK(cond, "expected ..., found ...", args...) throws InternalError-free typed errors:
-// use MT_CHECK for programmer/invariant errors and MT_CHECK_T for user-facing ones.
+// MT_CHECK(cond, "expected ..., found ...", args...): an invariant of meshtrain itself; throws
+// InternalError, whose message names the failed condition. MT_CHECK_T(Type, cond, ...): an error a
+// user can cause (config, shapes, data, I/O); throws Type (ConfigError, ShapeError, ...) with the
+// message alone.
 #define MT_CHECK(cond, ...)                                                                \
   do {                                                                                     \
     if (!(cond)) [[unlikely]]                                                              \
