@@ -1,48 +1,33 @@
 // CUDA kernels of the elementwise and structural ops: fill, add, mul, scale, cast (every dtype
 // pair, rounding like the CPU's BFloat16), reshape and grad_cast (views: nothing to do), sum and
 // expand_scalar, and accumulate (float32/float64 += float32/float64/bf16). Elementwise, cast and
-// accumulate kernels use vector accesses (16 bytes of the narrower type) when the pointers allow.
+// accumulate run in elementwise_loop.cuh's vectorised loop.
 #include <cstring>
 
 #include "meshtrain/ops/cuda/cuda_kernel.h"
+#include "meshtrain/ops/cuda/elementwise_loop.cuh"
 #include "meshtrain/ops/cuda/reduce.cuh"
 
 namespace meshtrain::cuda {
 namespace {
 
-// out[i] = op(a[i], b[i]) in the accumulation type, rounded once.
-template <int V, typename T, typename Op>
-__global__ void map2_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
-                            int64_t n, Op op) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nvec = n / V;
-  for (int64_t i = tid; i < nvec; i += stride) {
-    Pack<T, V> pa = reinterpret_cast<const Pack<T, V>*>(a)[i];
-    Pack<T, V> pb = reinterpret_cast<const Pack<T, V>*>(b)[i];
-    Pack<T, V> po;
-#pragma unroll
-    for (int k = 0; k < V; ++k) po.v[k] = from_acc<T>(op(to_acc(pa.v[k]), to_acc(pb.v[k])));
-    reinterpret_cast<Pack<T, V>*>(out)[i] = po;
+// out = op(a, b) / op(a) in the accumulation type, rounded once.
+template <typename Op>
+struct Map2 {
+  Op op;
+  template <typename T>
+  __device__ __forceinline__ void operator()(T& out, T a, T b) const {
+    out = from_acc<T>(op(to_acc(a), to_acc(b)));
   }
-  for (int64_t i = nvec * V + tid; i < n; i += stride)
-    out[i] = from_acc<T>(op(to_acc(a[i]), to_acc(b[i])));
-}
-
-template <int V, typename T, typename Op>
-__global__ void map1_kernel(const T* __restrict__ a, T* __restrict__ out, int64_t n, Op op) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nvec = n / V;
-  for (int64_t i = tid; i < nvec; i += stride) {
-    Pack<T, V> pa = reinterpret_cast<const Pack<T, V>*>(a)[i];
-    Pack<T, V> po;
-#pragma unroll
-    for (int k = 0; k < V; ++k) po.v[k] = from_acc<T>(op(to_acc(pa.v[k])));
-    reinterpret_cast<Pack<T, V>*>(out)[i] = po;
+};
+template <typename Op>
+struct Map1 {
+  Op op;
+  template <typename T>
+  __device__ __forceinline__ void operator()(T& out, T a) const {
+    out = from_acc<T>(op(to_acc(a)));
   }
-  for (int64_t i = nvec * V + tid; i < n; i += stride) out[i] = from_acc<T>(op(to_acc(a[i])));
-}
+};
 
 struct AddOp {
   template <typename A>
@@ -66,26 +51,12 @@ struct ScaleOp {
 
 template <typename T, typename Op>
 void launch_map2(const T* a, const T* b, T* out, int64_t n, Op op, cudaStream_t s) {
-  if (n == 0) return;
-  constexpr int V = 16 / int(sizeof(T));
-  const int threads = 256;
-  if (aligned16(a) && aligned16(b) && aligned16(out))
-    map2_kernel<V><<<grid_for(n / V + 1, threads), threads, 0, s>>>(a, b, out, n, op);
-  else
-    map2_kernel<1><<<grid_for(n, threads), threads, 0, s>>>(a, b, out, n, op);
-  CUDA_CHECK_LAUNCH("elementwise map2");
+  launch_elementwise("elementwise map2", n, s, Map2<Op>{op}, Out<T>{out}, In<T>{a}, In<T>{b});
 }
 
 template <typename T, typename Op>
 void launch_map1(const T* a, T* out, int64_t n, Op op, cudaStream_t s) {
-  if (n == 0) return;
-  constexpr int V = 16 / int(sizeof(T));
-  const int threads = 256;
-  if (aligned16(a) && aligned16(out))
-    map1_kernel<V><<<grid_for(n / V + 1, threads), threads, 0, s>>>(a, out, n, op);
-  else
-    map1_kernel<1><<<grid_for(n, threads), threads, 0, s>>>(a, out, n, op);
-  CUDA_CHECK_LAUNCH("elementwise map1");
+  launch_elementwise("elementwise map1", n, s, Map1<Op>{op}, Out<T>{out}, In<T>{a});
 }
 
 // ---- cast: C++ conversions as the CPU kernel does them (to bf16 through float) --------------
@@ -102,42 +73,17 @@ __device__ __forceinline__ D convert(S s) {
   }
 }
 
-// Elements per vector access of a kernel reading S and writing D: 16 bytes of the narrower type
-// (a bf16 -> fp32 pass moves 16 bytes in and 32 out per step).
-template <typename S, typename D>
-constexpr int kPairVec = 16 / int(sizeof(S) < sizeof(D) ? sizeof(S) : sizeof(D));
-
-template <int V, typename S, typename D>
-bool pair_aligned(const void* src, const void* dst) {
-  return V > 1 && reinterpret_cast<uintptr_t>(src) % (sizeof(S) * V) == 0 &&
-         reinterpret_cast<uintptr_t>(dst) % (sizeof(D) * V) == 0;
-}
-
-template <int V, typename S, typename D>
-__global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nvec = n / V;
-  for (int64_t i = tid; i < nvec; i += stride) {
-    const Pack<S, V> ps = reinterpret_cast<const Pack<S, V>*>(src)[i];
-    Pack<D, V> pd;
-#pragma unroll
-    for (int k = 0; k < V; ++k) pd.v[k] = convert<D>(ps.v[k]);
-    reinterpret_cast<Pack<D, V>*>(dst)[i] = pd;
+struct CastOp {
+  template <typename D, typename S>
+  __device__ __forceinline__ void operator()(D& d, S s) const {
+    d = convert<D>(s);
   }
-  for (int64_t i = nvec * V + tid; i < n; i += stride) dst[i] = convert<D>(src[i]);
-}
+};
 
 template <typename S, typename D>
 void launch_cast(const void* src, void* dst, int64_t n, cudaStream_t s) {
-  constexpr int V = kPairVec<S, D>;
-  const S* a = static_cast<const S*>(src);
-  D* b = static_cast<D*>(dst);
-  if (pair_aligned<V, S, D>(src, dst))
-    cast_kernel<V><<<grid_for(n / V + 1, 256), 256, 0, s>>>(a, b, n);
-  else
-    cast_kernel<1><<<grid_for(n, 256), 256, 0, s>>>(a, b, n);
-  CUDA_CHECK_LAUNCH("cast");
+  launch_elementwise("cast", n, s, CastOp{}, Out<D>{static_cast<D*>(dst)},
+                     In<S>{static_cast<const S*>(src)});
 }
 
 template <typename S>
@@ -207,37 +153,27 @@ __global__ void expand_scalar_kernel(const T* __restrict__ x, T* __restrict__ ou
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = v;
 }
 
-template <int V, typename D, typename S>
-__global__ void accumulate_kernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n,
-                                  bool overwrite) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nvec = n / V;
-  for (int64_t i = tid; i < nvec; i += stride) {
-    const Pack<S, V> ps = reinterpret_cast<const Pack<S, V>*>(src)[i];
-    Pack<D, V> pd;
-    if (overwrite) {
-#pragma unroll
-      for (int k = 0; k < V; ++k) pd.v[k] = D(to_acc(ps.v[k]));
-    } else {
-      pd = reinterpret_cast<const Pack<D, V>*>(dst)[i];
-#pragma unroll
-      for (int k = 0; k < V; ++k) pd.v[k] += D(to_acc(ps.v[k]));
-    }
-    reinterpret_cast<Pack<D, V>*>(dst)[i] = pd;
+// dst = src (overwrite: dst is not read) or dst += src, in dst's type.
+struct AssignOp {
+  template <typename D, typename S>
+  __device__ __forceinline__ void operator()(D& d, S s) const {
+    d = D(to_acc(s));
   }
-  for (int64_t i = nvec * V + tid; i < n; i += stride)
-    dst[i] = overwrite ? D(to_acc(src[i])) : dst[i] + D(to_acc(src[i]));
-}
+};
+struct AddToOp {
+  template <typename D, typename S>
+  __device__ __forceinline__ void operator()(D& d, S s) const {
+    d += D(to_acc(s));
+  }
+};
 
 template <typename D, typename S>
 void launch_accumulate_from(D* d, const void* src, int64_t n, bool overwrite, cudaStream_t s) {
-  constexpr int V = kPairVec<S, D>;
-  const S* a = static_cast<const S*>(src);
-  if (pair_aligned<V, S, D>(src, d))
-    accumulate_kernel<V><<<grid_for(n / V + 1, 256), 256, 0, s>>>(d, a, n, overwrite);
+  const In<S> from{static_cast<const S*>(src)};
+  if (overwrite)
+    launch_elementwise("accumulate", n, s, AssignOp{}, Out<D>{d}, from);
   else
-    accumulate_kernel<1><<<grid_for(n, 256), 256, 0, s>>>(d, a, n, overwrite);
+    launch_elementwise("accumulate", n, s, AddToOp{}, InOut<D>{d}, from);
 }
 
 template <typename D>
@@ -252,7 +188,6 @@ void launch_accumulate(const Tensor& dst, const Tensor& src, bool overwrite, cud
     default:
       MT_THROW(ValueError, "accumulate (cuda): source must be floating, found {}", src.dtype());
   }
-  CUDA_CHECK_LAUNCH("accumulate");
 }
 
 MT_REGISTER_OPS {

@@ -3,8 +3,10 @@
 // bias correction, gradient reset) with the CPU kernel's arithmetic in the tensor's dtype; the
 // squared norm is read on the device, the learning rate and step arrive as launch arguments.
 #include <cmath>
+#include <type_traits>
 
 #include "meshtrain/ops/cuda/cuda_kernel.h"
+#include "meshtrain/ops/cuda/elementwise_loop.cuh"
 #include "meshtrain/ops/cuda/reduce.cuh"
 
 namespace meshtrain::cuda {
@@ -36,28 +38,26 @@ __device__ __forceinline__ void adamw_one(T& p, T& g, T& m, T& v, T clip, const 
   if (a.reset_grad) g = T(0);
 }
 
-template <int V, typename T>
-__global__ void adamw_kernel(T* __restrict__ p, T* __restrict__ g, T* __restrict__ m,
-                             T* __restrict__ v, int64_t n, const double* __restrict__ norm_sq,
-                             const AdamWArgs<T> a) {
-  const T clip = T(clip_coefficient(norm_sq[0], a.max_norm));
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nvec = n / V;
-  for (int64_t i = tid; i < nvec; i += stride) {
-    Pack<T, V> pp = reinterpret_cast<Pack<T, V>*>(p)[i];
-    Pack<T, V> pg = reinterpret_cast<Pack<T, V>*>(g)[i];
-    Pack<T, V> pm = reinterpret_cast<Pack<T, V>*>(m)[i];
-    Pack<T, V> pv = reinterpret_cast<Pack<T, V>*>(v)[i];
-#pragma unroll
-    for (int k = 0; k < V; ++k) adamw_one(pp.v[k], pg.v[k], pm.v[k], pv.v[k], clip, a);
-    reinterpret_cast<Pack<T, V>*>(p)[i] = pp;
-    if (a.reset_grad) reinterpret_cast<Pack<T, V>*>(g)[i] = pg;
-    reinterpret_cast<Pack<T, V>*>(m)[i] = pm;
-    reinterpret_cast<Pack<T, V>*>(v)[i] = pv;
+// The per-element update with the clip coefficient, which every thread computes once from the
+// squared norm on the device (bind, see elementwise_loop.cuh). Without a gradient reset the
+// gradient is an input stream (read, never stored).
+template <typename T, bool kResetGrad>
+struct AdamWStep {
+  T clip;
+  AdamWArgs<T> a;
+  using Grad = std::conditional_t<kResetGrad, T&, T>;
+  __device__ __forceinline__ void operator()(T& p, Grad g, T& m, T& v) const {
+    adamw_one(p, g, m, v, clip, a);
   }
-  for (int64_t i = nvec * V + tid; i < n; i += stride) adamw_one(p[i], g[i], m[i], v[i], clip, a);
-}
+};
+template <typename T, bool kResetGrad>
+struct AdamWOp {
+  const double* norm_sq;
+  AdamWArgs<T> a;
+  __device__ __forceinline__ AdamWStep<T, kResetGrad> bind() const {
+    return {T(clip_coefficient(norm_sq[0], a.max_norm)), a};
+  }
+};
 
 template <typename T>
 void adamw(KernelContext& c) {
@@ -83,13 +83,13 @@ void adamw(KernelContext& c) {
   T* m = inout_ptr<T>(c, 2);
   T* v = inout_ptr<T>(c, 3);
   const double* norm_sq = in_ptr<double>(c, 4);
-  constexpr int V = 16 / int(sizeof(T));
   const cudaStream_t s = stream_of(c);
-  if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v))
-    adamw_kernel<V><<<grid_for(n / V + 1, 256), 256, 0, s>>>(p, g, m, v, n, norm_sq, a);
+  if (a.reset_grad)
+    launch_elementwise("adamw_update", n, s, AdamWOp<T, true>{norm_sq, a}, InOut<T>{p}, InOut<T>{g},
+                       InOut<T>{m}, InOut<T>{v});
   else
-    adamw_kernel<1><<<grid_for(n, 256), 256, 0, s>>>(p, g, m, v, n, norm_sq, a);
-  CUDA_CHECK_LAUNCH("adamw_update");
+    launch_elementwise("adamw_update", n, s, AdamWOp<T, false>{norm_sq, a}, InOut<T>{p}, In<T>{g},
+                       InOut<T>{m}, InOut<T>{v});
 }
 
 MT_REGISTER_OPS {
