@@ -67,4 +67,14 @@ std::string TempDirTest::write(const std::string& name, const std::string& bytes
   return p.string();
 }
 
+void expect_error(ErrorKind kind, const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error containing: " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace meshtrain::testing

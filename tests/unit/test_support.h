@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "meshtrain/comm/bootstrap.h"
+#include "meshtrain/core/check.h"
 #include "meshtrain/train/job_config.h"
 
 namespace meshtrain::testing {
@@ -36,6 +38,11 @@ std::string error_message(F&& f) {
   ADD_FAILURE() << "expected an exception";
   return "";
 }
+
+// Runs `f`, which must throw a meshtrain::Error of `kind` whose message contains `needle`. Errors
+// raised while a graph runs reach the caller as Error of the kernel's kind, so the kind is checked
+// rather than the exception type.
+void expect_error(ErrorKind kind, const std::function<void()>& f, const std::string& needle);
 
 // A fixture with a fresh temporary folder per test, removed when the test ends.
 class TempDirTest : public ::testing::Test {
