@@ -17,6 +17,8 @@
 namespace meshtrain::cudatest {
 
 uint64_t fresh_seed() {
+  if (const char* env = std::getenv("MESHTRAIN_TEST_SEED"); env && *env)
+    return std::strtoull(env, nullptr, 10);
   return uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count()) | 1;
 }
 
@@ -26,6 +28,22 @@ DType reference_dtype(DType d) {
     case DType::kF32: return DType::kF64;
     default: return d;
   }
+}
+
+double unit_roundoff(DType d) {
+  switch (d) {
+    case DType::kBF16: return std::ldexp(1.0, -8);
+    case DType::kF32: return std::ldexp(1.0, -24);
+    case DType::kF64: return std::ldexp(1.0, -53);
+    default: return 0;
+  }
+}
+
+void note_compared_graph(const Graph& g) {
+  std::vector<std::string> ops;
+  for (const Node& n : g.nodes())
+    if (!n.dead) ops.push_back(n.op);
+  testing::note_checked(testing::Check::kCudaVsCpu, ops);
 }
 
 Tolerance default_tolerance(DType d) {
@@ -135,10 +153,11 @@ std::vector<double> read_host(const Tensor& t) {
   return v;
 }
 
-// Compares one tensor; appends a line to `report` and returns false when it fails.
+// Compares one tensor; appends a line to `report` and returns false when it fails. `mag` (the
+// element's Σ|terms|, or empty) replaces the atol x max|ref| part of the bound.
 bool compare(const std::string& what, const std::vector<double>& ref,
-             const std::vector<double>& got, DType device_dtype, const Tolerance& case_tol,
-             bool exact, std::string& report) {
+             const std::vector<double>& got, const std::vector<double>& mag, DType device_dtype,
+             const Tolerance& case_tol, bool exact, std::string& report) {
   if (ref.size() != got.size()) {
     report +=
         fmt::format("  {}: {} elements on the CPU, {} on the GPU\n", what, ref.size(), got.size());
@@ -147,13 +166,16 @@ bool compare(const std::string& what, const std::vector<double>& ref,
   Tolerance tol = exact ? Tolerance{0, 0} : default_tolerance(device_dtype);
   if (!exact && case_tol.rtol >= 0) tol.rtol = case_tol.rtol;
   if (!exact && case_tol.atol >= 0) tol.atol = case_tol.atol;
+  const bool by_terms = !exact && case_tol.terms > 0 && mag.size() == ref.size();
+  const double per_term = by_terms ? case_tol.terms * unit_roundoff(device_dtype) : 0;
   double scale = 0;
   for (double r : ref)
     if (std::isfinite(r)) scale = std::max(scale, std::abs(r));
   int64_t bad = 0, nans = 0, worst = -1;
   double worst_excess = -1;
   for (size_t i = 0; i < ref.size(); ++i) {
-    const double allowed = tol.rtol * std::abs(ref[i]) + tol.atol * scale;
+    const double allowed =
+        tol.rtol * std::abs(ref[i]) + (by_terms ? per_term * std::abs(mag[i]) : tol.atol * scale);
     const double err = std::abs(got[i] - ref[i]);
     const bool nan_here = std::isnan(got[i]) && !std::isnan(ref[i]);
     if (nan_here) ++nans;
@@ -168,13 +190,17 @@ bool compare(const std::string& what, const std::vector<double>& ref,
   }
   if (bad == 0) return true;
   const size_t w = size_t(worst);
+  const std::string bound =
+      by_terms ? fmt::format("rtol {:g}, {:g} x u x Σ|terms|", tol.rtol, case_tol.terms)
+               : fmt::format("rtol {:g}, atol {:g} x max|ref| {:.4g}", tol.rtol, tol.atol, scale);
   report += fmt::format(
-      "  {} ({}): {} of {} elements outside tolerance (rtol {:g}, atol {:g} x max|ref| {:.4g}){}; "
-      "worst element {}: gpu {:.9g}, cpu {:.9g}, |diff| {:.3g}\n",
-      what, dtype_name(device_dtype), bad, ref.size(), tol.rtol, tol.atol, scale,
+      "  {} ({}): {} of {} elements outside tolerance ({}){}; worst element {}: gpu {:.9g}, cpu "
+      "{:.9g}, |diff| {:.3g}{}\n",
+      what, dtype_name(device_dtype), bad, ref.size(), bound,
       nans ? fmt::format(", {} NaN (an element the kernel never wrote keeps the 0xFF poison)", nans)
            : "",
-      worst, got[w], ref[w], std::abs(got[w] - ref[w]));
+      worst, got[w], ref[w], std::abs(got[w] - ref[w]),
+      by_terms ? fmt::format(", Σ|terms| {:.4g}", mag[w]) : std::string());
   return false;
 }
 
@@ -206,14 +232,41 @@ CaseResult run_case(const OpCase& c, uint64_t seed, std::vector<std::vector<doub
   for (size_t i = 0; i < cpu.weights.size(); ++i)
     if (cpu.weights[i] != kNoValue) write_host(cex.tensor(cpu.weights[i]), w_vals[i]);
   cex.run();
+  // The references (outputs, then gradients) before any second run overwrites the arena.
+  auto read_refs = [&] {
+    std::vector<std::vector<double>> v;
+    for (ValueId o : cpu.outs) v.push_back(read_host(cex.tensor(o)));
+    for (ValueId gv : cpu.grads)
+      v.push_back(gv == kNoValue ? std::vector<double>{} : read_host(cex.tensor(gv)));
+    return v;
+  };
+  const std::vector<std::vector<double>> refs = read_refs();
+  // Σ|terms| per element: the same graph on |inputs| and |weights| (see op_harness.h).
+  std::vector<std::vector<double>> mags(refs.size());
+  if (c.tol.terms > 0) {
+    auto abs_of = [](std::vector<double> v) {
+      for (double& x : v) x = std::abs(x);
+      return v;
+    };
+    for (size_t i = 0; i < cpu.ins.size(); ++i)
+      if (is_floating(c.inputs[i].dtype)) write_host(cex.tensor(cpu.ins[i]), abs_of(in_vals[i]));
+    for (size_t i = 0; i < cpu.weights.size(); ++i)
+      if (cpu.weights[i] != kNoValue) write_host(cex.tensor(cpu.weights[i]), abs_of(w_vals[i]));
+    cex.run();
+    mags = read_refs();
+  }
 
   if (const char* dry = std::getenv("MESHTRAIN_CUDA_TEST_DRY_RUN"); dry && *dry == '1') {
     // Checks the test itself on a machine without a GPU: both graphs built (device shape
     // inference and the CUDA memory plan, workspaces included) and the CPU side run. Nothing is
-    // compared, so a dry run never counts as a pass of the GPU tests.
+    // compared: the skip recorded here makes the test skipped at best, never passed.
     (void)plan_memory(gpu.g, DeviceType::kCUDA);
+    GTEST_MESSAGE_AT_(
+        __FILE__, __LINE__,
+        ("MESHTRAIN_CUDA_TEST_DRY_RUN=1: " + c.name + " was not run on a GPU").c_str(),
+        ::testing::TestPartResult::kSkip);
     res.report = "dry run: the GPU side was not run";
-    res.compared = 1;
+    res.dry_run = true;
     return res;
   }
   Backend& be = cuda_backend();
@@ -238,31 +291,32 @@ CaseResult run_case(const OpCase& c, uint64_t seed, std::vector<std::vector<doub
     for (ValueId v : gpu.grads)
       if (v != kNoValue) gpu_values->push_back(read_host(to_host(be, gex.tensor(v))));
   }
-  auto check = [&](const std::string& what, ValueId cv, ValueId gv) {
-    const Tensor& ct = cex.tensor(cv);
+  auto check = [&](const std::string& what, size_t ref_index, ValueId gv) {
     const DType ddt = gpu.g.value(gv).meta.dtype;
     const bool exact = !is_floating(ddt) || (c.tol.rtol == 0 && c.tol.atol == 0);
-    if (!compare(what, read_host(ct), read_host(to_host(be, gex.tensor(gv))), ddt, c.tol, exact,
-                 res.report))
+    if (!compare(what, refs[ref_index], read_host(to_host(be, gex.tensor(gv))), mags[ref_index],
+                 ddt, c.tol, exact, res.report))
       res.ok = false;
     ++res.compared;
   };
-  for (size_t i = 0; i < gpu.outs.size(); ++i)
-    check(fmt::format("output {}", i), cpu.outs[i], gpu.outs[i]);
+  for (size_t i = 0; i < gpu.outs.size(); ++i) check(fmt::format("output {}", i), i, gpu.outs[i]);
   for (size_t i = 0; i < gpu.grads.size(); ++i) {
     if ((cpu.grads[i] == kNoValue) != (gpu.grads[i] == kNoValue)) {
       res.ok = false;
       res.report += fmt::format("  gradient of input {}: present on one side only\n", i);
       continue;
     }
-    if (gpu.grads[i] != kNoValue) check(fmt::format("d(input {})", i), cpu.grads[i], gpu.grads[i]);
+    if (gpu.grads[i] != kNoValue)
+      check(fmt::format("d(input {})", i), gpu.outs.size() + i, gpu.grads[i]);
   }
+  if (res.compared > 0) note_compared_graph(gpu.g);
   return res;
 }
 
 void expect_case(const OpCase& c) {
   SCOPED_TRACE(c.name);
   CaseResult r = run_case(c);
+  if (r.dry_run) return;  // run_case recorded the skip
   EXPECT_GT(r.compared, 0) << c.name << ": nothing was compared";
   EXPECT_TRUE(r.ok) << c.name << " (seed " << r.seed << ") differs from the CPU reference:\n"
                     << r.report;

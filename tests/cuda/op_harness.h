@@ -17,6 +17,17 @@
 //     long bf16 chains set their own.
 //   float64 vs float64 CPU: rtol 1e-12, atol 1e-13.
 //   integers and casts: exact.
+// Sums that cancel: atol x max|ref| cannot bound an element whose summed terms are large but
+// nearly cancel (a bf16 rounding of each term is then larger than the result). A case built only
+// of ops that are sums of products of their inputs (permutes, GEMMs, combines, casts) sets
+// Tolerance::terms: the harness runs the CPU graph a second time on |inputs| and |loss weights|,
+// which gives each element's Σ|terms|, and an element passes when
+//   |gpu - ref| <= rtol·|ref| + terms · u · Σ|terms|
+// with u the device dtype's unit roundoff (bf16 2^-8, float32 2^-24, float64 2^-53); `terms` is
+// then the number of roundings on the longest path plus a margin for the accumulation order.
+//
+// Seeds: every case draws a fresh seed, printed with a failure; MESHTRAIN_TEST_SEED=N makes
+// every case use N, which reproduces the failing one.
 #pragma once
 
 #include <functional>
@@ -24,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "common/op_coverage.h"
 #include "meshtrain/ir/builder.h"
 #include "meshtrain/tensor/tensor.h"
 
@@ -41,6 +53,7 @@ struct InputSpec {
 
 struct Tolerance {
   double rtol = -1, atol = -1;  // < 0: the dtype default
+  double terms = -1;            // > 0: bound by Σ|terms| (see above); atol is then unused
 };
 
 using BuildFn = std::function<std::vector<ValueId>(Builder&, const std::vector<ValueId>&)>;
@@ -57,23 +70,31 @@ struct OpCase {
 
 struct CaseResult {
   bool ok = true;
-  std::string report;  // one line per failing tensor: worst element, both values, tolerance
+  bool dry_run = false;  // MESHTRAIN_CUDA_TEST_DRY_RUN: nothing was compared (the test is skipped)
+  std::string report;    // one line per failing tensor: worst element, both values, tolerance
   uint64_t seed = 0;
   int compared = 0;  // tensors compared
 };
 
 // Builds, runs and compares one case; seed 0 draws a fresh seed (printed in the report).
 // `gpu_values`, when given, receives the GPU's outputs then gradients (determinism checks).
+// The ops of the compared GPU graph count as checked for the running MT_CUDA_CASE_TEST.
 CaseResult run_case(const OpCase& c, uint64_t seed = 0,
                     std::vector<std::vector<double>>* gpu_values = nullptr);
 
 // gtest helper: runs the case and reports failures with the case name.
 // MESHTRAIN_CUDA_TEST_DRY_RUN=1 (machines without a GPU, for checking the tests themselves)
-// builds both graphs and runs the CPU side only.
+// builds both graphs and runs the CPU side only; the test is then reported as skipped, never as
+// passed (run_case records the skip, whoever calls it).
 void expect_case(const OpCase& c);
+
+// For GPU tests that run their own graphs: the live ops of `g`, once its results were compared
+// with the CPU's, count as checked for the running MT_CUDA_CASE_TEST.
+void note_compared_graph(const Graph& g);
 
 DType reference_dtype(DType device_dtype);
 Tolerance default_tolerance(DType device_dtype);
+double unit_roundoff(DType device_dtype);
 uint64_t fresh_seed();
 
 }  // namespace meshtrain::cudatest

@@ -17,6 +17,7 @@
 #include "meshtrain/ops/cuda/attention_kernels.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/matmul.h"
+#include "op_harness.h"
 
 namespace meshtrain {
 
@@ -32,9 +33,7 @@ struct Host {
   std::vector<double> v;
 };
 
-uint64_t fresh_seed() {
-  return uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count()) | 1;
-}
+using cudatest::fresh_seed;  // MESHTRAIN_TEST_SEED reproduces a failing case (op_harness.h)
 
 // Uniform in [lo, hi), rounded to `dtype` (never zero-filled: a zero would hide unwritten output).
 Host random_host(const Shape& shape, DType dtype, std::mt19937_64& rng, double lo = -1,
@@ -155,6 +154,9 @@ RunResult run_graph(const std::string& backend_name, DType dtype, const std::vec
     const TensorMeta& m = g.value(outs[i]).meta;
     r.outs.push_back({m.shape, from_bytes(r.raw[0][i], m.dtype, m.numel())});
   }
+  // Every caller compares a GPU run with the CPU's (a failed comparison fails the test, which then
+  // skips the coverage verification).
+  if (backend_name == "cuda") cudatest::note_compared_graph(g);
   return r;
 }
 
@@ -284,7 +286,9 @@ void check_matmul(const MmCase& c, DType dtype, Tol tol, uint64_t seed, bool wit
 
 class CudaMatmul : public ::testing::TestWithParam<DType> {};
 
+MT_DECLARE_CHECKS(::meshtrain::testing::Check::kCudaVsCpu, CudaMatmul, AllTransposeCases, "matmul");
 TEST_P(CudaMatmul, AllTransposeCases) {
+  MT_COVERAGE_SCOPE(::meshtrain::testing::Check::kCudaVsCpu, CudaMatmul, AllTransposeCases);
   const uint64_t seed = fresh_seed();
   for (bool ta : {false, true})
     for (bool tb : {false, true})
@@ -416,7 +420,11 @@ void check_attention(const AttnCase& c, DType dtype, uint64_t seed) {
 
 class CudaAttention : public ::testing::TestWithParam<DType> {};
 
+MT_DECLARE_CHECKS(::meshtrain::testing::Check::kCudaVsCpu, CudaAttention,
+                  ForwardAndBackwardMatchCpu, "attention", "attention_backward");
 TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
+  MT_COVERAGE_SCOPE(::meshtrain::testing::Check::kCudaVsCpu, CudaAttention,
+                    ForwardAndBackwardMatchCpu);
   const uint64_t seed = fresh_seed();
   std::vector<AttnCase> cases;
   if (GetParam() == DType::kBF16) {

@@ -46,7 +46,7 @@ OpCase embedding_case(DType dt, int64_t v, int64_t d, Shape ids) {
 
 // Repeated ids (V < tokens), unused rows (V > tokens), a vocabulary that needs five 4-bit sort
 // passes, and an odd D (no vector copies).
-TEST(CudaNnOps, EmbeddingForwardBackward) {
+MT_CUDA_CASE_TEST(CudaNnOps, EmbeddingForwardBackward, "embedding", "embedding_backward") {
   for (DType dt : kTrainDtypes) {
     expect_case(embedding_case(dt, 50, 64, Shape{4, 37}));
     expect_case(embedding_case(dt, 700, 24, Shape{300}));
@@ -66,7 +66,7 @@ OpCase rmsnorm_case(DType dt, Shape x) {
           .build = [](Builder& b, const V& v) { return V{ops::rmsnorm(b, v[0], v[1], 1e-5)}; }};
 }
 
-TEST(CudaNnOps, RmsNormForwardBackward) {
+MT_CUDA_CASE_TEST(CudaNnOps, RmsNormForwardBackward, "rmsnorm", "rmsnorm_backward") {
   for (DType dt : kTrainDtypes) {
     expect_case(rmsnorm_case(dt, Shape{3, 40, 256}));  // vector accesses
     expect_case(rmsnorm_case(dt, Shape{77, 37}));      // odd D: scalar accesses
@@ -86,7 +86,7 @@ ops::RopeConfig rope_config(const std::string& scaling) {
   return c;
 }
 
-TEST(CudaNnOps, RopeTable) {
+MT_CUDA_CASE_TEST(CudaNnOps, RopeTable, "rope_table") {
   for (const std::string scaling : {"none", "llama3", "yarn"})
     for (DType dt : {DType::kF32, DType::kF64})
       expect_case({.name = fmt::format("rope_table/{}/{}", scaling, dtype_name(dt)),
@@ -102,7 +102,7 @@ TEST(CudaNnOps, RopeTable) {
 
 // x bf16 with the float32 table llama3 uses, and matching dtypes; forward and inverse; the table
 // covers more positions than x uses.
-TEST(CudaNnOps, RopeForwardBackward) {
+MT_CUDA_CASE_TEST(CudaNnOps, RopeForwardBackward, "rope") {
   for (DType dt : kTrainDtypes)
     for (bool inverse : {false, true})
       for (bool bf16_table : {false, true})
@@ -129,7 +129,7 @@ TEST(CudaNnOps, RopeForwardBackward) {
         }
 }
 
-TEST(CudaNnOps, SwigluForwardBackward) {
+MT_CUDA_CASE_TEST(CudaNnOps, SwigluForwardBackward, "swiglu", "swiglu_backward") {
   for (DType dt : kTrainDtypes)
     for (Shape s : {Shape{64, 300}, Shape{5, 7}}) {
       InputSpec gate{s, dt};
@@ -159,7 +159,8 @@ OpCase cross_entropy_case(DType dt, int64_t n, int64_t v) {
       .build = [](Builder& b, const V& x) { return V{ops::cross_entropy(b, x[0], x[1], x[2])}; }};
 }
 
-TEST(CudaNnOps, CrossEntropyForwardBackward) {
+MT_CUDA_CASE_TEST(CudaNnOps, CrossEntropyForwardBackward, "cross_entropy",
+                  "cross_entropy_backward") {
   for (DType dt : kTrainDtypes) {
     expect_case(cross_entropy_case(dt, 64, 1000));
     expect_case(cross_entropy_case(dt, 48, 997));   // rows not a multiple of the vector width
@@ -180,7 +181,7 @@ TEST(CudaNnOps, CrossEntropyIsBitwiseReproducible) {
   expect_reproducible(cross_entropy_case(DType::kBF16, 256, 5000));
 }
 
-TEST(CudaNnOps, SumSquares) {
+MT_CUDA_CASE_TEST(CudaNnOps, SumSquares, "sum_squares") {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF64})
     expect_case({.name = fmt::format("sum_squares/{}", dtype_name(dt)),
                  .inputs = {{Shape{300007}, dt}},
@@ -212,7 +213,7 @@ Tensor random_host(Shape s, DType dt, std::mt19937_64& rng, double lo, double hi
   return t;
 }
 
-TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16AddOrOverwrite) {
+MT_CUDA_CASE_TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16AddOrOverwrite, "accumulate") {
   Backend& be = cuda_backend();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
@@ -241,12 +242,13 @@ TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16AddOrOverwrite) {
         const float want = overwrite ? x_i : (dst0.data<float>()[i] + x_i) + x_i;
         ASSERT_EQ(float(got[size_t(i)]), want) << "element " << i;
       }
+      note_compared_graph(g);
     }
 }
 
 // One fused AdamW step on the GPU against the CPU kernel, with clipping active (max_norm below
 // the gradient norm), then a second step; float32 master weights.
-TEST(CudaNnOps, AdamWMatchesCpu) {
+MT_CUDA_CASE_TEST(CudaNnOps, AdamWMatchesCpu, "adamw_update") {
   Backend& gpu = cuda_backend();
   auto cpu = create_backend("cpu", 0);
   const uint64_t seed = fresh_seed();
@@ -300,6 +302,7 @@ TEST(CudaNnOps, AdamWMatchesCpu) {
       // m + (g - m)(1 - b1) cancels, and the GPU contracts it into FMAs.
       ASSERT_NEAR(got[i], want[i], 2e-6 * std::abs(want[i]) + 1e-8) << names[k] << "[" << i << "]";
   }
+  note_compared_graph(g);
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
+#include "common/op_coverage.h"
 #include "meshtrain/graph/autodiff.h"
 #include "meshtrain/graph/executor.h"
 #include "meshtrain/graph/memory_plan.h"
@@ -16,6 +18,8 @@
 namespace meshtrain::testing {
 
 uint64_t fresh_seed() {
+  if (const char* env = std::getenv("MESHTRAIN_TEST_SEED"); env && *env)
+    return std::strtoull(env, nullptr, 10);
   return uint64_t(std::chrono::high_resolution_clock::now().time_since_epoch().count()) | 1;
 }
 
@@ -45,6 +49,34 @@ void fill_input(const Tensor& t, const InputSpec& s, std::mt19937_64& rng) {
   }
 }
 
+// The ops whose gradient this check covers: nodes the test's build made (ids in [first, end))
+// that read a value depending on a differentiated input and whose outputs reach a checked output.
+std::vector<std::string> differentiated_ops(const Graph& g, NodeId first, NodeId end,
+                                            const std::vector<ValueId>& wrt,
+                                            const std::vector<ValueId>& outs) {
+  std::vector<bool> carries(size_t(g.num_values()), false), reaches(size_t(g.num_values()), false);
+  for (ValueId v : wrt) carries[size_t(v)] = true;
+  for (ValueId v : outs) reaches[size_t(v)] = true;
+  std::vector<bool> on_path(size_t(end), false);
+  for (NodeId n = first; n < end; ++n) {
+    const Node& node = g.node(n);
+    for (ValueId v : node.inputs)
+      if (carries[size_t(v)]) on_path[size_t(n)] = true;
+    if (on_path[size_t(n)])
+      for (ValueId v : node.outputs) carries[size_t(v)] = true;
+  }
+  std::vector<std::string> ops;
+  for (NodeId n = end - 1; n >= first; --n) {
+    const Node& node = g.node(n);
+    bool used = false;
+    for (ValueId v : node.outputs) used = used || reaches[size_t(v)];
+    if (!used) continue;
+    for (ValueId v : node.inputs) reaches[size_t(v)] = true;
+    if (on_path[size_t(n)]) ops.push_back(node.op);
+  }
+  return ops;
+}
+
 double read(const Tensor& t, int64_t i) { return t.item_as_double(i); }
 void write(const Tensor& t, int64_t i, double v) {
   if (t.dtype() == DType::kF64)
@@ -65,7 +97,9 @@ GradCheckReport gradcheck(const std::vector<InputSpec>& specs, const BuildFn& bu
   std::vector<ValueId> ins;
   for (size_t i = 0; i < specs.size(); ++i)
     ins.push_back(b.input(fmt::format("x{}", i), {specs[i].shape, specs[i].dtype}));
+  const NodeId build_first = NodeId(g.num_nodes());
   std::vector<ValueId> outs = build(b, ins);
+  const NodeId build_end = NodeId(g.num_nodes());
   std::vector<ValueId> weights;
   ValueId loss = kNoValue;
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -143,6 +177,8 @@ GradCheckReport gradcheck(const std::vector<InputSpec>& specs, const BuildFn& bu
                                  worst >= 0 ? analytic[i][size_t(worst)] : 0.0, max_num);
     }
   }
+  if (report.checked > 0)
+    note_checked(Check::kGradcheck, differentiated_ops(g, build_first, build_end, wrt, outs));
   return report;
 }
 

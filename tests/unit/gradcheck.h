@@ -1,6 +1,7 @@
 // Finite-difference gradient checking through the real path: build a graph with the op under
 // test, differentiate it with autodiff, run it with the CPU executor, and compare every analytic
-// gradient with central differences in float64.
+// gradient with central differences in float64. Tests that gradcheck an op declare it with
+// MT_GRADCHECK_TEST (common/op_coverage.h); gradcheck reports the ops it differentiated through.
 #pragma once
 
 #include <functional>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/op_coverage.h"
 #include "meshtrain/ir/builder.h"
 #include "meshtrain/tensor/tensor.h"
 

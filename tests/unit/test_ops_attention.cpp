@@ -127,7 +127,7 @@ TEST(OpsAttention, Float32MatchesFloat64) {
   }
 }
 
-TEST(OpsAttention, GradCheck) {
+MT_GRADCHECK_TEST(OpsAttention, GradCheck, "attention") {
   for (const Case& c : kCases) {
     SCOPED_TRACE(fmt::format("B{} S{} Hq{} Hkv{} Dqk{} Dv{} causal{}", c.B, c.S, c.Hq, c.Hkv, c.Dqk,
                              c.Dv, c.causal));

@@ -12,14 +12,14 @@ using testing::InputSpec;
 
 using testing::expect_grad_ok;
 
-TEST(GradCheck, AddMulScale) {
+MT_GRADCHECK_TEST(GradCheck, AddMulScale, "add", "mul", "scale") {
   Shape s{3, 5};
   expect_grad_ok(gradcheck({{s}, {s}}, [](Builder& b, const std::vector<ValueId>& x) {
     return std::vector<ValueId>{ops::scale(b, ops::add(b, ops::mul(b, x[0], x[1]), x[0]), -1.5)};
   }));
 }
 
-TEST(GradCheck, CastRoundTripAndReshape) {
+MT_GRADCHECK_TEST(GradCheck, CastRoundTripAndReshape, "cast", "reshape") {
   expect_grad_ok(gradcheck({{Shape{4, 6}}},
                            [](Builder& b, const std::vector<ValueId>& x) {
                              ValueId y = ops::cast(b, ops::cast(b, x[0], DType::kF32), DType::kF64);
@@ -30,7 +30,7 @@ TEST(GradCheck, CastRoundTripAndReshape) {
                            {.eps = 0.5}));
 }
 
-TEST(GradCheck, MatmulAllTransposes) {
+MT_GRADCHECK_TEST(GradCheck, MatmulAllTransposes, "matmul") {
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {
       Shape a = ta ? Shape{7, 4} : Shape{2, 2, 7};  // M=4 (or 2x2), K=7
@@ -42,6 +42,19 @@ TEST(GradCheck, MatmulAllTransposes) {
       SCOPED_TRACE(fmt::format("ta={} tb={}", ta, tb));
       expect_grad_ok(r);
     }
+}
+
+// sum reduces to [1], expand_scalar broadcasts it back; grad_cast is a view forward whose backward
+// casts the gradient to its dtype (float32 here: the float64 input's gradient arrives rounded to
+// float32, ~6e-8 relative, well inside the tolerance).
+MT_GRADCHECK_TEST(GradCheck, SumExpandScalarAndGradCast, "sum", "expand_scalar", "grad_cast") {
+  expect_grad_ok(
+      gradcheck({{Shape{4, 7}}, {Shape{3, 5}}}, [](Builder& b, const std::vector<ValueId>& x) {
+        ValueId s = ops::sum(b, ops::mul(b, x[0], x[0]));
+        ValueId e = ops::expand_scalar(b, s, Shape{3, 5});
+        ValueId g = ops::grad_cast(b, x[1], DType::kF32);
+        return std::vector<ValueId>{s, ops::mul(b, e, g)};
+      }));
 }
 
 TEST(Ops, MatmulForwardMatchesNaive) {

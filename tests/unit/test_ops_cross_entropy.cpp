@@ -87,7 +87,7 @@ TEST(OpsCrossEntropy, CustomIgnoreIndexSkipsRowsAndZeroesTheirGradient) {
   }
 }
 
-TEST(OpsCrossEntropy, GradCheckLogitsWithIgnoredRows) {
+MT_GRADCHECK_TEST(OpsCrossEntropy, GradCheckLogitsWithIgnoredRows, "cross_entropy") {
   InputSpec logits{Shape{6, 5}, DType::kF64, true, 0, -2.0, 2.0};
   InputSpec labels{.shape = Shape{6},
                    .dtype = DType::kI32,

@@ -50,7 +50,7 @@ TEST(OpsEmbedding, BackwardSumsRepeatedIdsAndZerosUnusedRows) {
   EXPECT_EQ(out[0].to_vector<double>(), want);
 }
 
-TEST(OpsEmbedding, GradCheckWeight) {
+MT_GRADCHECK_TEST(OpsEmbedding, GradCheckWeight, "embedding") {
   // Fixed ids so that one row is hit twice and one row is never hit.
   InputSpec ids{.shape = Shape{2, 3},
                 .dtype = DType::kI32,

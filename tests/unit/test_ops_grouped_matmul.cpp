@@ -12,9 +12,11 @@
 #include "meshtrain/ops/moe_permute.h"
 #include "meshtrain/ops/router.h"
 #include "meshtrain/ops/swiglu.h"
+#include "test_support.h"
 
 namespace meshtrain {
 namespace {
+using testing::expect_error;
 using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
@@ -93,7 +95,7 @@ TEST(OpsGroupedMatmul, WeightGradientIsZeroForAnExpertWithNoRows) {
   for (double v : dw) EXPECT_TRUE(std::isfinite(v)) << "seed " << seed;
 }
 
-TEST(OpsGroupedMatmul, GradCheckBothLayoutsWithAnEmptyExpert) {
+MT_GRADCHECK_TEST(OpsGroupedMatmul, GradCheckBothLayoutsWithAnEmptyExpert, "grouped_matmul") {
   uint64_t seed = testing::fresh_seed();
   std::mt19937_64 rng(seed);
   for (bool tw : {true, false}) {
@@ -145,18 +147,6 @@ TEST(OpsGroupedMatmul, GradCheckRoutedExpertChain) {
                         ops::moe_combine(b, y, p.row_map, before ? kNoValue : r.weights)};
                   },
                   {.seed = seed}));
-  }
-}
-
-// Errors raised while a graph runs reach the caller as Error of the kernel's kind, so the kind
-// is checked rather than the exception type.
-void expect_error(ErrorKind kind, const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    FAIL() << "expected an error containing: " << needle;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }
 

@@ -9,9 +9,11 @@
 #include "gradcheck.h"
 #include "meshtrain/ops/moe_combine.h"
 #include "meshtrain/ops/moe_permute.h"
+#include "test_support.h"
 
 namespace meshtrain {
 namespace {
+using testing::expect_error;
 using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
@@ -94,7 +96,7 @@ TEST(OpsMoePermute, CombineInvertsPermute) {
     }
 }
 
-TEST(OpsMoePermute, GradCheckPermutationAndScoreBefore) {
+MT_GRADCHECK_TEST(OpsMoePermute, GradCheckPermutationAndScoreBefore, "moe_permute") {
   const int64_t d = 3;
   expect_grad_ok(
       gradcheck({{Shape{kT, d}}, ids_spec()}, [](Builder& b, const std::vector<ValueId>& x) {
@@ -108,7 +110,7 @@ TEST(OpsMoePermute, GradCheckPermutationAndScoreBefore) {
                            }));
 }
 
-TEST(OpsMoePermute, GradCheckCombineNeverReadsPaddingRows) {
+MT_GRADCHECK_TEST(OpsMoePermute, GradCheckCombineNeverReadsPaddingRows, "moe_combine") {
   uint64_t seed = testing::fresh_seed();
   std::mt19937_64 rng(seed);
   const int64_t d = 3, cap = ops::moe_capacity(kT * kK, kE, kAlign);
@@ -127,18 +129,6 @@ TEST(OpsMoePermute, GradCheckCombineNeverReadsPaddingRows) {
                                  ops::moe_combine(b, x[0], p.row_map, x[2])};
                            },
                            {.seed = seed}));
-}
-
-// Errors raised while a graph runs reach the caller as Error of the kernel's kind, so the kind
-// is checked rather than the exception type.
-void expect_error(ErrorKind kind, const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    FAIL() << "expected an error containing: " << needle;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 TEST(OpsMoePermute, BadInputs) {

@@ -68,7 +68,7 @@ TEST(OpsRmsNorm, Float32MatchesFloat64) {
     EXPECT_NEAR(double(f[i]), a[i], 1e-5 * std::max(1.0, std::abs(a[i]))) << "seed " << seed;
 }
 
-TEST(OpsRmsNorm, GradCheckXAndWeight) {
+MT_GRADCHECK_TEST(OpsRmsNorm, GradCheckXAndWeight, "rmsnorm") {
   expect_grad_ok(gradcheck({{Shape{2, 3, 8}, DType::kF64, true, 0, -2.0, 2.0}, {Shape{8}}},
                            [](Builder& b, const std::vector<ValueId>& x) {
                              return std::vector<ValueId>{build_norm(b, x, 1e-5)};

@@ -232,7 +232,7 @@ TEST(OpsRope, Float32MatchesFloat64) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(double(f[i]), a[i], 1e-6) << "seed " << seed;
 }
 
-TEST(OpsRope, GradCheck) {
+MT_GRADCHECK_TEST(OpsRope, GradCheck, "rope") {
   for (bool inverse : {false, true}) {
     SCOPED_TRACE(inverse ? "inverse" : "forward");
     expect_grad_ok(gradcheck({{Shape{2, 4, 3, 8}}}, [&](Builder& b, const std::vector<ValueId>& x) {

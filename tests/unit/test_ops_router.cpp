@@ -10,10 +10,12 @@
 
 #include "gradcheck.h"
 #include "meshtrain/ops/router.h"
+#include "test_support.h"
 
 namespace meshtrain {
 namespace {
 using ops::RouterConfig;
+using testing::expect_error;
 using testing::expect_grad_ok;
 using testing::gradcheck;
 using testing::InputSpec;
@@ -178,7 +180,7 @@ TEST(OpsRouter, MatchesFullSortReferenceOnRandomLogits) {
   }
 }
 
-TEST(OpsRouter, GradCheckBothScoreFunctionsWithBiasAndGroups) {
+MT_GRADCHECK_TEST(OpsRouter, GradCheckBothScoreFunctionsWithBiasAndGroups, "router") {
   uint64_t seed = testing::fresh_seed();
   std::mt19937_64 rng(seed);
   const int64_t t = 6, e = 8;
@@ -239,18 +241,6 @@ TEST(OpsRouter, Float32MatchesFloat64) {
   std::vector<double> w64 = o64[1].to_vector<double>();
   std::vector<float> w32 = o32[1].to_vector<float>();
   for (size_t i = 0; i < w64.size(); ++i) EXPECT_NEAR(double(w32[i]), w64[i], 1e-6);
-}
-
-// Errors raised while a graph runs reach the caller as Error of the kernel's kind, so the kind
-// is checked rather than the exception type.
-void expect_error(ErrorKind kind, const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    FAIL() << "expected an error containing: " << needle;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 TEST(OpsRouter, BadInputs) {

@@ -113,13 +113,13 @@ TEST(OpsShape, ExpandAndSumDimForward) {
   EXPECT_EQ(got, (std::vector<double>{30, 33, 330, 333}));
 }
 
-TEST(OpsShape, GradCheckSlice) {
+MT_GRADCHECK_TEST(OpsShape, GradCheckSlice, "slice") {
   expect_grad_ok(gradcheck({{Shape{3, 6, 2}}}, [](Builder& b, const std::vector<ValueId>& x) {
     return std::vector<ValueId>{ops::slice(b, x[0], -2, 2, 3)};
   }));
 }
 
-TEST(OpsShape, GradCheckConcat) {
+MT_GRADCHECK_TEST(OpsShape, GradCheckConcat, "concat") {
   auto build = [](Builder& b, const std::vector<ValueId>& x) {
     return std::vector<ValueId>{ops::concat(b, {x[0], x[1], x[2]}, 1)};
   };
@@ -129,7 +129,7 @@ TEST(OpsShape, GradCheckConcat) {
   expect_grad_ok(gradcheck({{Shape{2, 3, 4}}, fixed, {Shape{2, 2, 4}}}, build));
 }
 
-TEST(OpsShape, GradCheckExpandAndSumDim) {
+MT_GRADCHECK_TEST(OpsShape, GradCheckExpandAndSumDim, "expand", "sum_dim") {
   expect_grad_ok(gradcheck({{Shape{2, 3, 1}}}, [](Builder& b, const std::vector<ValueId>& x) {
     return std::vector<ValueId>{ops::expand(b, x[0], 2, 5)};
   }));
@@ -177,7 +177,7 @@ TEST(OpsShape, BadArgumentsNameTheProblem) {
 
 namespace meshtrain {
 namespace {
-TEST(ShapeOps, Transpose01SwapsTheLeadingDimsAndIsItsOwnBackward) {
+MT_GRADCHECK_TEST(ShapeOps, Transpose01SwapsTheLeadingDimsAndIsItsOwnBackward, "transpose01") {
   std::vector<double> v(2 * 3 * 2);
   for (size_t i = 0; i < v.size(); ++i) v[i] = double(i);
   auto out = testing::run_forward({Tensor::from_vector(v, Shape{2, 3, 2})},

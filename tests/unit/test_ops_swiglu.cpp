@@ -50,7 +50,7 @@ TEST(OpsSwiglu, Float32MatchesFloat64) {
     EXPECT_NEAR(double(f[i]), a[i], 1e-5 * std::max(1.0, std::abs(a[i]))) << "seed " << seed;
 }
 
-TEST(OpsSwiglu, GradCheckGateAndUp) {
+MT_GRADCHECK_TEST(OpsSwiglu, GradCheckGateAndUp, "swiglu") {
   InputSpec gate{Shape{3, 7}, DType::kF64, true, 0, -3.0, 3.0};
   InputSpec up{Shape{3, 7}, DType::kF64, true, 0, -2.0, 2.0};
   expect_grad_ok(gradcheck({gate, up}, build));
