@@ -46,43 +46,34 @@ constexpr DeepSeekV3Flavor kFlavors[] = {
 
 }  // namespace
 
-std::vector<std::string> deepseek_v3_flavors() {
-  std::vector<std::string> names;
-  for (const DeepSeekV3Flavor& f : kFlavors) names.push_back(f.name);
-  return names;
-}
+std::vector<std::string> deepseek_v3_flavors() { return flavor_names(kFlavors); }
 
 DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor) {
-  for (const DeepSeekV3Flavor& f : kFlavors) {
-    if (flavor != f.name) continue;
-    DeepSeekV3Args a;
-    a.vocab_size = f.vocab_size;
-    a.dim = f.dim;
-    a.inter_dim = f.inter_dim;
-    a.moe_inter_dim = f.moe_inter_dim;
-    a.n_layers = f.n_layers;
-    a.n_dense_layers = f.n_dense_layers;
-    a.n_heads = f.n_heads;
-    DeepSeekV3MoEArgs& m = a.moe;
-    m.num_experts = f.num_experts;
-    m.num_shared_experts = f.num_shared_experts;
-    m.top_k = f.top_k;
-    m.num_expert_groups = f.num_expert_groups;
-    m.num_limited_groups = f.num_limited_groups;
-    m.score_func = f.score_func;
-    m.route_norm = f.route_norm;
-    m.route_scale = f.route_scale;
-    m.score_before_experts = false;
-    a.q_lora_rank = f.q_lora_rank;
-    a.mscale = f.mscale;
-    a.kv_lora_rank = 512;
-    a.qk_nope_head_dim = 128;
-    a.qk_rope_head_dim = 64;
-    a.v_head_dim = 128;
-    return a;
-  }
-  MT_THROW(ConfigError, "[model] flavor '{}' is not a deepseek_v3 flavor: expected one of {}",
-           flavor, fmt::join(deepseek_v3_flavors(), ", "));
+  const DeepSeekV3Flavor& f = flavor_row(kFlavors, flavor, "deepseek_v3");
+  DeepSeekV3Args a;
+  a.vocab_size = f.vocab_size;
+  a.dim = f.dim;
+  a.inter_dim = f.inter_dim;
+  a.moe_inter_dim = f.moe_inter_dim;
+  a.n_layers = f.n_layers;
+  a.n_dense_layers = f.n_dense_layers;
+  a.n_heads = f.n_heads;
+  a.q_lora_rank = f.q_lora_rank;
+  a.kv_lora_rank = 512;
+  a.qk_nope_head_dim = 128;
+  a.qk_rope_head_dim = 64;
+  a.v_head_dim = 128;
+  a.mscale = f.mscale;
+  a.moe = {.num_experts = f.num_experts,
+           .num_shared_experts = f.num_shared_experts,
+           .score_func = f.score_func,
+           .route_norm = f.route_norm,
+           .route_scale = f.route_scale,
+           .score_before_experts = false,
+           .top_k = f.top_k,
+           .num_expert_groups = f.num_expert_groups,
+           .num_limited_groups = f.num_limited_groups};
+  return a;
 }
 
 void DeepSeekV3Args::validate(const std::string& flavor) const {

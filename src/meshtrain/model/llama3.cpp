@@ -48,28 +48,20 @@ constexpr Llama3Flavor kFlavors[] = {
 
 }  // namespace
 
-std::vector<std::string> llama3_flavors() {
-  std::vector<std::string> names;
-  for (const Llama3Flavor& f : kFlavors) names.push_back(f.name);
-  return names;
-}
+std::vector<std::string> llama3_flavors() { return flavor_names(kFlavors); }
 
 Llama3Args llama3_flavor(const std::string& flavor) {
-  for (const Llama3Flavor& f : kFlavors) {
-    if (flavor != f.name) continue;
-    Llama3Args a;
-    a.dim = f.dim;
-    a.n_layers = f.n_layers;
-    a.n_heads = f.n_heads;
-    a.n_kv_heads = f.n_kv_heads;
-    if (f.ffn_dim_multiplier > 0) a.ffn_dim_multiplier = f.ffn_dim_multiplier;
-    a.multiple_of = f.multiple_of;
-    a.vocab_size = f.vocab_size;
-    a.rope_theta = f.rope_theta;
-    return a;
-  }
-  MT_THROW(ConfigError, "[model] flavor '{}' is not a llama3 flavor: expected one of {}", flavor,
-           fmt::join(llama3_flavors(), ", "));
+  const Llama3Flavor& f = flavor_row(kFlavors, flavor, "llama3");
+  Llama3Args a;
+  a.dim = f.dim;
+  a.n_layers = f.n_layers;
+  a.n_heads = f.n_heads;
+  a.n_kv_heads = f.n_kv_heads;
+  if (f.ffn_dim_multiplier > 0) a.ffn_dim_multiplier = f.ffn_dim_multiplier;
+  a.multiple_of = f.multiple_of;
+  a.vocab_size = f.vocab_size;
+  a.rope_theta = f.rope_theta;
+  return a;
 }
 
 namespace {

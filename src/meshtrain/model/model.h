@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "meshtrain/ir/builder.h"
 #include "meshtrain/parallel/plan.h"
@@ -49,6 +50,22 @@ class Model {
   // convention: 6 · layers · heads · (d_qk + d_v) · seq_len (no causal discount).
   virtual double attention_flops_per_token(int64_t seq_len) const = 0;
 };
+
+// Flavor tables (one row per flavor, `name` first): the names in table order, and the row of
+// `flavor`, or a ConfigError naming the family's flavors.
+template <typename Row, size_t N>
+std::vector<std::string> flavor_names(const Row (&rows)[N]) {
+  std::vector<std::string> names;
+  for (const Row& r : rows) names.push_back(r.name);
+  return names;
+}
+template <typename Row, size_t N>
+const Row& flavor_row(const Row (&rows)[N], const std::string& flavor, const char* family) {
+  for (const Row& r : rows)
+    if (flavor == r.name) return r;
+  MT_THROW(ConfigError, "[model] flavor '{}' is not a {} flavor: expected one of {}", flavor,
+           family, fmt::join(flavor_names(rows), ", "));
+}
 
 // Vocabulary resolution shared by model families: override > flavor > tokenizer.
 int64_t resolve_vocab(const ModelOptions& o, int64_t flavor_vocab);
