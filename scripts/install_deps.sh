@@ -12,6 +12,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libfmt-dev
+  libpcre2-dev libutf8proc-dev
   fortunes fortunes-min
 )
 missing=()
