@@ -9,9 +9,9 @@
 //
 //   build/bench/tokenizer/bench_tokenizer [--words 20000] [--reps 5] [--hf-assets DIR]
 //                                         [--dataset jsonl --input PATH]
-#include <algorithm>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -60,7 +60,11 @@ Row measure(const std::string& name, const Tokenizer& tok, const TextCorpus& c, 
     r.emplace_back(mb_s, double(c.num_bytes()) / 1e6 / cpu);
   }
   std::sort(r.begin(), r.end());
-  return {name, threads, first, r[r.size() / 2].first, r[r.size() / 2].second,
+  return {name,
+          threads,
+          first,
+          r[r.size() / 2].first,
+          r[r.size() / 2].second,
           double(tokens) / double(c.num_bytes())};
 }
 
@@ -71,11 +75,16 @@ int main(int argc, char** argv) {
   std::string hf_assets, dataset = "fortunes", input;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--words") words = std::stoi(v);
-    else if (k == "--reps") reps = std::max(1, std::stoi(v));
-    else if (k == "--hf-assets") hf_assets = v;
-    else if (k == "--dataset") dataset = v;
-    else if (k == "--input") input = v;
+    if (k == "--words")
+      words = std::stoi(v);
+    else if (k == "--reps")
+      reps = std::max(1, std::stoi(v));
+    else if (k == "--hf-assets")
+      hf_assets = v;
+    else if (k == "--dataset")
+      dataset = v;
+    else if (k == "--input")
+      input = v;
     else {
       std::fprintf(stderr, "bench_tokenizer: unknown option %s\n", k.c_str());
       return 1;
@@ -94,18 +103,19 @@ int main(int argc, char** argv) {
     for (int64_t d = 0; d < corpus.num_documents(); ++d) docs.push_back(corpus.document(d));
     for (int variant = 0; variant < 2; ++variant) {
       testing::TokenizerSpec s;
-      s.pre_tokenizer = variant == 0 ? testing::llama3_pre_tokenizer()
-                                     : testing::deepseek_v3_pre_tokenizer();
+      s.pre_tokenizer =
+          variant == 0 ? testing::llama3_pre_tokenizer() : testing::deepseek_v3_pre_tokenizer();
       s.ignore_merges = variant == 0;
       s.merges = testing::frequent_word_merges(docs, s.pre_tokenizer, words);
       const int first_special = 256 + int(s.merges.size());
       for (int k = 0; k < 256; ++k)
-        s.added.push_back({"<|reserved_special_token_" + std::to_string(k) + "|>", first_special + k});
+        s.added.push_back(
+            {"<|reserved_special_token_" + std::to_string(k) + "|>", first_special + k});
       s.bos_token = s.added[0].content;
       s.eos_token = s.added[1].content;
       const std::string name = variant == 0 ? "llama3-style" : "deepseek_v3-style";
-      toks.emplace_back(name, HfTokenizer::load(testing::write_tokenizer_folder(
-                                  (dir / name).string(), s)));
+      toks.emplace_back(
+          name, HfTokenizer::load(testing::write_tokenizer_folder((dir / name).string(), s)));
     }
   }
   for (auto& [name, t] : toks) std::printf("%s: %s\n", name.c_str(), t->name().c_str());

@@ -21,17 +21,18 @@ using Ids = std::vector<int32_t>;
 
 Pieces split(const json& pre, std::string_view text) {
   Pieces out;
-  PreTokenizer::from_json(pre, "test").split(text, [&](std::string_view p) { out.emplace_back(p); });
+  PreTokenizer::from_json(pre, "test").split(text, [&](std::string_view p) {
+    out.emplace_back(p);
+  });
   return out;
 }
 
-json sequence(std::vector<json> steps) {
-  return {{"type", "Sequence"}, {"pretokenizers", steps}};
-}
+json sequence(std::vector<json> steps) { return {{"type", "Sequence"}, {"pretokenizers", steps}}; }
 
 class HfTokenizerTest : public testing::TempDirTest {
  protected:
-  std::unique_ptr<HfTokenizer> load(const testing::TokenizerSpec& spec, const std::string& name = "tok") {
+  std::unique_ptr<HfTokenizer> load(const testing::TokenizerSpec& spec,
+                                    const std::string& name = "tok") {
     return HfTokenizer::load(testing::write_tokenizer_folder((dir_ / name).string(), spec));
   }
   std::string load_error(const testing::TokenizerSpec& spec) {
@@ -45,9 +46,9 @@ TEST(HfPreTokenizer, Llama3ContractionsBothCases) {
   EXPECT_EQ(split(testing::llama3_pre_tokenizer(),
                   "it's don't you're we've I'm they'll she'd IT'S DON'T YOU'RE WE'VE I'M "
                   "THEY'LL SHE'D"),
-            (Pieces{"it", "'s", " don", "'t", " you", "'re", " we", "'ve", " I", "'m", " they",
-                    "'ll", " she", "'d", " IT", "'S", " DON", "'T", " YOU", "'RE", " WE", "'VE",
-                    " I", "'M", " THEY", "'LL", " SHE", "'D"}));
+            (Pieces{"it",    "'s",  " don", "'t", " you",  "'re", " we",  "'ve", " I",   "'m",
+                    " they", "'ll", " she", "'d", " IT",   "'S",  " DON", "'T",  " YOU", "'RE",
+                    " WE",   "'VE", " I",   "'M", " THEY", "'LL", " SHE", "'D"}));
 }
 
 TEST(HfPreTokenizer, Llama3NumbersInGroupsOfThree) {
@@ -82,7 +83,9 @@ TEST(HfPreTokenizer, Llama3NonLatinScriptsAndEmoji) {
 }
 
 TEST(HfPreTokenizer, InvalidUtf8BytesArePiecesOfTheirOwn) {
-  EXPECT_EQ(split(testing::llama3_pre_tokenizer(), "ab\xff\xfe" "cd \xc3(x"),
+  EXPECT_EQ(split(testing::llama3_pre_tokenizer(),
+                  "ab\xff\xfe"
+                  "cd \xc3(x"),
             (Pieces{"ab", "\xff\xfe", "cd", " ", "\xc3", "(x"}));
 }
 
@@ -163,9 +166,33 @@ TEST_F(HfTokenizerTest, MultiByteCharactersAndInvalidBytes) {
   s.merges = {{"\xd0", "\x9f"}};  // П = D0 9F -> 256
   auto t = load(s);
   EXPECT_EQ(t->encode("Пп"), (Ids{256, 0xD0, 0xBF}));
-  const std::string bad = "ab\xff\xfe" "cd \xc3(x";
+  const std::string bad =
+      "ab\xff\xfe"
+      "cd \xc3(x";
   EXPECT_EQ(t->encode(bad), (Ids{'a', 'b', 0xFF, 0xFE, 'c', 'd', ' ', 0xC3, '(', 'x'}));
   EXPECT_EQ(t->decode(t->encode(bad)), bad);
+}
+
+TEST(HfPieceCache, FindsWhatWasInsertedAndStartsOverWhenFull) {
+  PieceCache c;
+  Ids out;
+  EXPECT_FALSE(c.lookup("abc", out));
+  c.insert("abc", Ids{1, 2});
+  c.insert("abd", Ids{3});
+  c.insert(std::string(PieceCache::kMaxPieceBytes + 1, 'x'), Ids{4});  // too long: not kept
+  EXPECT_TRUE(c.lookup("abc", out));
+  EXPECT_TRUE(c.lookup("abd", out));
+  EXPECT_FALSE(c.lookup("ab", out));
+  EXPECT_FALSE(c.lookup(std::string(PieceCache::kMaxPieceBytes + 1, 'x'), out));
+  EXPECT_EQ(out, (Ids{1, 2, 3}));
+  EXPECT_EQ(c.size(), 2u);
+  for (size_t i = 0; c.size() < PieceCache::kMaxEntries; ++i) c.insert(std::to_string(i), Ids{7});
+  c.insert("last", Ids{9});
+  EXPECT_EQ(c.size(), 1u);
+  out.clear();
+  EXPECT_FALSE(c.lookup("abc", out));
+  EXPECT_TRUE(c.lookup("last", out));
+  EXPECT_EQ(out, (Ids{9}));
 }
 
 // ---- added and special tokens ------------------------------------------------------------------
@@ -173,15 +200,19 @@ TEST_F(HfTokenizerTest, MultiByteCharactersAndInvalidBytes) {
 TEST_F(HfTokenizerTest, AddedTokensMatchFirstLongestFirst) {
   testing::TokenizerSpec s;
   s.merges = {{"h", "i"}};  // hi 256
-  s.added = {{"<|endoftext|>", 1000}, {"<|end|>", 1001}, {"<tag>", 1002, false},
-             {"<|begin_of_text|>", 1003}, {"<mask>", 1004, true, true, false}};
+  s.added = {{"<|endoftext|>", 1000},
+             {"<|end|>", 1001},
+             {"<tag>", 1002, false},
+             {"<|begin_of_text|>", 1003},
+             {"<mask>", 1004, true, true, false}};
   s.bos_token = "<|begin_of_text|>";
   s.eos_token = "<|endoftext|>";
   auto t = load(s);
   const std::string text = "hi<|endoftext|>there<|end|><tag>x<|end a <mask> b";
-  EXPECT_EQ(t->encode(text),
-            (Ids{256, 1000, 't', 'h', 'e', 'r', 'e', 1001, 1002, 'x', '<', '|', 'e', 'n', 'd',
-                 ' ', 'a', 1004, ' ', 'b'}));  // <mask> lstrips the space before it
+  EXPECT_EQ(
+      t->encode(text),
+      (Ids{256, 1000, 't', 'h', 'e', 'r', 'e',  1001, 1002, 'x', '<',
+           '|', 'e',  'n', 'd', ' ', 'a', 1004, ' ',  'b'}));  // <mask> lstrips the space before it
   EXPECT_EQ(t->vocab_size(), 1005);
   EXPECT_EQ(t->bos_id(), 1003);
   EXPECT_EQ(t->eos_id(), 1000);
@@ -211,7 +242,9 @@ TEST_F(HfTokenizerTest, DecodeErrorsNameTheId) {
   testing::TokenizerSpec s;
   s.added = {{"<x>", 300}};  // ids 256..299 have no token
   auto t = load(s);
-  EXPECT_CONTAINS(testing::error_message<DataError>([&] { t->decode(Ids{'a', 301}); }),
+  EXPECT_CONTAINS(testing::error_message<DataError>([&] {
+                    t->decode(Ids{'a', 301});
+                  }),
                   "token id at position 1 must be in [0, 301), found 301");
   EXPECT_CONTAINS(testing::error_message<DataError>([&] { t->decode(Ids{280}); }),
                   "token id 280 at position 0 has no token");
@@ -242,7 +275,8 @@ TEST_F(HfTokenizerTest, RoundTripOverTheFortunesCorpusAndThreadsAgree) {
   // The DeepSeek-V3 splits round-trip too.
   s.pre_tokenizer = testing::deepseek_v3_pre_tokenizer();
   auto ds = load(s, "ds");
-  for (int64_t d = 0; d < c.num_documents(); d += 7) ASSERT_EQ(ds->decode(ds->encode(c.document(d))), c.document(d));
+  for (int64_t d = 0; d < c.num_documents(); d += 7)
+    ASSERT_EQ(ds->decode(ds->encode(c.document(d))), c.document(d));
 }
 
 // ---- bad files ---------------------------------------------------------------------------------
@@ -262,19 +296,21 @@ TEST_F(HfTokenizerTest, MergeOfAnUnknownTokenIsQuoted) {
   j["model"]["vocab"]["ab"] = 256;
   std::filesystem::create_directories(dir_ / "m");
   write("m/tokenizer.json", j.dump());
-  EXPECT_CONTAINS(testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "m").string()); }),
-                  "merges entry 1 (\"ab zz\") names \"zz\", which is not in the vocabulary");
+  EXPECT_CONTAINS(
+      testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "m").string()); }),
+      "merges entry 1 (\"ab zz\") names \"zz\", which is not in the vocabulary");
   j["model"]["merges"] = json::array({"a b", "a c"});  // "ac" is not in the vocabulary
   write("m/tokenizer.json", j.dump());
-  EXPECT_CONTAINS(testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "m").string()); }),
-                  "merges entry 1 (\"a c\") makes \"ac\", which is not in the vocabulary");
+  EXPECT_CONTAINS(
+      testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "m").string()); }),
+      "merges entry 1 (\"a c\") makes \"ac\", which is not in the vocabulary");
 }
 
 TEST_F(HfTokenizerTest, RegexThatPcre2RejectsIsQuoted) {
   testing::TokenizerSpec s;
-  s.pre_tokenizer = sequence({{{"type", "Split"}, {"pattern", {{"Regex", "(ab|c"}}},
-                               {"behavior", "Isolated"}},
-                              testing::byte_level_step()});
+  s.pre_tokenizer =
+      sequence({{{"type", "Split"}, {"pattern", {{"Regex", "(ab|c"}}}, {"behavior", "Isolated"}},
+                testing::byte_level_step()});
   const std::string msg = load_error(s);
   EXPECT_CONTAINS(msg, "pre_tokenizer Split pattern: PCRE2 rejects the regex \"(ab|c\"");
   EXPECT_CONTAINS(msg, "missing closing parenthesis at offset 5");
@@ -295,13 +331,16 @@ TEST_F(HfTokenizerTest, UnsupportedNormalizersAndPreTokenizersAreNamed) {
 
 TEST_F(HfTokenizerTest, MissingFilesAndTokens) {
   std::filesystem::create_directories(dir_ / "empty");
-  EXPECT_CONTAINS(testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "empty").string()); }),
-                  "[model] hf_assets_path '" + (dir_ / "empty").string() + "' has no tokenizer.json");
-  EXPECT_CONTAINS(testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "nope").string()); }),
-                  "is not a folder");
+  EXPECT_CONTAINS(
+      testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "empty").string()); }),
+      "[model] hf_assets_path '" + (dir_ / "empty").string() + "' has no tokenizer.json");
+  EXPECT_CONTAINS(
+      testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "nope").string()); }),
+      "is not a folder");
   write("j/tokenizer.json", "{\"model\": ");
-  EXPECT_CONTAINS(testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "j").string()); }),
-                  "tokenizer.json' is not valid JSON");
+  EXPECT_CONTAINS(
+      testing::error_message<DataError>([&] { HfTokenizer::load((dir_ / "j").string()); }),
+      "tokenizer.json' is not valid JSON");
   testing::TokenizerSpec s;
   s.bos_token = "<s>";
   EXPECT_CONTAINS(load_error(s), "bos_token \"<s>\" is not a token of");

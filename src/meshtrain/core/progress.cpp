@@ -92,8 +92,7 @@ std::string Progress::format_report(const std::string& label, int64_t done, int6
                                     double seconds, ProgressUnit unit) {
   const double rate = seconds > 0 ? double(done) / seconds : 0.0;
   const std::string per_s = format_amount(rate, unit) + "/s";
-  if (total <= 0)
-    return fmt::format("{}: {}, {}", label, format_amount(double(done), unit), per_s);
+  if (total <= 0) return fmt::format("{}: {}, {}", label, format_amount(double(done), unit), per_s);
   const double pct = 100.0 * double(std::min(done, total)) / double(total);
   const std::string left =
       rate > 0 ? format_duration(double(std::max<int64_t>(total - done, 0)) / rate) : "?";

@@ -49,7 +49,7 @@ class Progress {
                                    double seconds, ProgressUnit unit);
   static std::string format_summary(const std::string& label, int64_t done, double seconds,
                                     ProgressUnit unit);
-  static std::string format_duration(double seconds);  // "<1s", "42s", "3m05s", "2h07m"
+  static std::string format_duration(double seconds);             // "<1s", "42s", "3m05s", "2h07m"
   static std::string format_amount(double v, ProgressUnit unit);  // "1.23 MB", "4.56M", "812"
 
  private:

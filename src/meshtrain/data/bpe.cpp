@@ -4,6 +4,7 @@
 #include "meshtrain/data/bpe.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "meshtrain/core/check.h"
 
@@ -157,6 +158,61 @@ void BytePairModel::encode_piece(std::string_view piece, std::vector<int32_t>& o
     if (next[size_t(c.pos)] >= 0) push(c.pos, next[size_t(c.pos)]);
   }
   for (int32_t i = 0; i >= 0; i = next[size_t(i)]) out.push_back(ids[size_t(i)]);
+}
+
+uint64_t PieceCache::hash_of(std::string_view s) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ s.size();
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t k;
+    std::memcpy(&k, s.data() + i, 8);
+    h = (h ^ k) * 0xFF51AFD7ED558CCDull;
+    h ^= h >> 32;
+  }
+  uint64_t k = 0;
+  std::memcpy(&k, s.data() + i, s.size() - i);
+  h ^= k;
+  h = (h ^ (h >> 33)) * 0xFF51AFD7ED558CCDull;  // murmur3's finaliser: every bit mixes
+  h = (h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53ull;
+  h ^= h >> 33;
+  return h == 0 ? 1 : h;  // 0 marks an empty slot
+}
+
+bool PieceCache::lookup(std::string_view piece, std::vector<int32_t>& out) const {
+  if (slots_.empty() || piece.size() > kMaxPieceBytes) return false;
+  const uint64_t h = hash_of(piece);
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = size_t(h) & mask;; i = (i + 1) & mask) {
+    const Slot& s = slots_[i];
+    if (s.hash == 0) return false;
+    if (s.hash == h && s.key_len == piece.size() &&
+        std::memcmp(keys_.data() + s.key_at, piece.data(), piece.size()) == 0) {
+      out.insert(out.end(), ids_.begin() + s.ids_at, ids_.begin() + s.ids_at + s.n_ids);
+      return true;
+    }
+  }
+}
+
+void PieceCache::insert(std::string_view piece, std::span<const int32_t> ids) {
+  if (piece.size() > kMaxPieceBytes || ids.size() > kMaxPieceBytes) return;
+  if (slots_.empty()) slots_.resize(kMaxEntries * 2);  // load factor at most 1/2
+  if (entries_ >= kMaxEntries) clear();
+  const uint64_t h = hash_of(piece);
+  const size_t mask = slots_.size() - 1;
+  size_t i = size_t(h) & mask;
+  while (slots_[i].hash != 0) i = (i + 1) & mask;
+  slots_[i] = Slot{h, uint32_t(keys_.size()), uint32_t(ids_.size()), uint16_t(piece.size()),
+                   uint16_t(ids.size())};
+  keys_.append(piece);
+  ids_.insert(ids_.end(), ids.begin(), ids.end());
+  ++entries_;
+}
+
+void PieceCache::clear() {
+  std::fill(slots_.begin(), slots_.end(), Slot{});
+  keys_.clear();
+  ids_.clear();
+  entries_ = 0;
 }
 
 }  // namespace meshtrain

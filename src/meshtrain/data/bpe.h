@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -62,6 +63,33 @@ class BytePairModel {
   std::array<int32_t, 256> byte_id_{};
   std::unordered_map<uint64_t, Merge> merges_;
   Options opt_;
+};
+
+// A bounded cache of piece -> ids for one thread: open addressing over a power-of-two table,
+// keys and ids in two arenas (no allocation per entry). When full it starts over empty.
+class PieceCache {
+ public:
+  static constexpr size_t kMaxEntries = size_t(1) << 17;
+  static constexpr size_t kMaxPieceBytes = 64;  // longer pieces are not cached
+
+  // Appends the cached ids of `piece` to `out`; false when it is not cached.
+  bool lookup(std::string_view piece, std::vector<int32_t>& out) const;
+  void insert(std::string_view piece, std::span<const int32_t> ids);
+  void clear();
+  size_t size() const { return entries_; }
+  uint64_t owner = 0;  // which tokenizer filled it (the caller clears it for another)
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;  // 0 = empty
+    uint32_t key_at = 0, ids_at = 0;
+    uint16_t key_len = 0, n_ids = 0;
+  };
+  static uint64_t hash_of(std::string_view s);
+  std::vector<Slot> slots_;
+  std::string keys_;
+  std::vector<int32_t> ids_;
+  size_t entries_ = 0;
 };
 
 }  // namespace meshtrain

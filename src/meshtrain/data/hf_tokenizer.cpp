@@ -42,16 +42,11 @@ std::string token_text(const json& cfg, const char* key) {
   return "";
 }
 
-bool ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool ascii_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 std::atomic<uint64_t> g_serial{0};
-
-struct PieceCache {
-  uint64_t serial = 0;
-  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
-};
-constexpr size_t kCacheEntries = size_t(1) << 18;
-constexpr size_t kCachePieceBytes = 64;
 
 }  // namespace
 
@@ -89,8 +84,9 @@ void HfTokenizer::parse_tokenizer_json(const std::string& path) {
              "(model type \"BPE\")",
              path, model_type_);
   auto unsupported_if = [&](bool bad, const char* key, const json& v) {
-    MT_CHECK_T(DataError, !bad, "{}: model.{} = {} is not supported (byte-level BPE needs it unset)",
-               path, key, v.dump());
+    MT_CHECK_T(DataError, !bad,
+               "{}: model.{} = {} is not supported (byte-level BPE needs it unset)", path, key,
+               v.dump());
   };
   for (const char* key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
     const json v = m.value(key, json());
@@ -98,7 +94,8 @@ void HfTokenizer::parse_tokenizer_json(const std::string& path) {
                        !(v.is_number() && v.get<double>() == 0.0),
                    key, v);
   }
-  unsupported_if(m.value("byte_fallback", false), "byte_fallback", m.value("byte_fallback", json()));
+  unsupported_if(m.value("byte_fallback", false), "byte_fallback",
+                 m.value("byte_fallback", json()));
 
   // Vocabulary: spelling -> id; byte-level spellings also give the BPE's byte strings.
   MT_CHECK_T(DataError, m.contains("vocab") && m["vocab"].is_object(),
@@ -107,14 +104,17 @@ void HfTokenizer::parse_tokenizer_json(const std::string& path) {
   int32_t max_id = -1;
   std::vector<std::pair<int32_t, std::string>> decode_entries;
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-    MT_CHECK_T(DataError, it.value().is_number_integer() && it.value().get<int64_t>() >= 0 &&
-                              it.value().get<int64_t>() < INT32_MAX,
+    MT_CHECK_T(DataError,
+               it.value().is_number_integer() && it.value().get<int64_t>() >= 0 &&
+                   it.value().get<int64_t>() < INT32_MAX,
                "{}: vocab entry \"{}\" must map to an id in [0, 2^31), found {}", path, it.key(),
                it.value().dump());
     const int32_t id = it.value().get<int32_t>();
     std::string bytes;
-    if (byte_level_to_bytes(it.key(), bytes)) bytes_vocab.emplace(bytes, id);
-    else bytes = it.key();  // not a byte-level spelling: BPE never makes it; decodes as written
+    if (byte_level_to_bytes(it.key(), bytes))
+      bytes_vocab.emplace(bytes, id);
+    else
+      bytes = it.key();  // not a byte-level spelling: BPE never makes it; decodes as written
     by_spelling_[it.key()] = id;
     decode_entries.emplace_back(id, std::move(bytes));
     max_id = std::max(max_id, id);
@@ -135,11 +135,10 @@ void HfTokenizer::parse_tokenizer_json(const std::string& path) {
                  s);
       a = s.substr(0, sp), b = s.substr(sp + 1);
     } else {
-      MT_CHECK_T(DataError,
-                 mj[r].is_array() && mj[r].size() == 2 && mj[r][0].is_string() &&
-                     mj[r][1].is_string(),
-                 "{}: merges entry {} must be \"a b\" or [\"a\", \"b\"], found {}", path, r,
-                 mj[r].dump());
+      MT_CHECK_T(
+          DataError,
+          mj[r].is_array() && mj[r].size() == 2 && mj[r][0].is_string() && mj[r][1].is_string(),
+          "{}: merges entry {} must be \"a b\" or [\"a\", \"b\"], found {}", path, r, mj[r].dump());
       a = mj[r][0].get<std::string>(), b = mj[r][1].get<std::string>();
     }
     std::pair<std::string, std::string> pair;
@@ -205,7 +204,8 @@ void HfTokenizer::parse_tokenizer_json(const std::string& path) {
   MT_CHECK_T(DataError, max_id >= 0, "{}: the vocabulary is empty", path);
   id_bytes_.assign(size_t(max_id) + 1, std::string());
   hole_.assign(size_t(max_id) + 1, true);
-  for (auto& [id, bytes] : decode_entries) id_bytes_[size_t(id)] = std::move(bytes), hole_[size_t(id)] = false;
+  for (auto& [id, bytes] : decode_entries)
+    id_bytes_[size_t(id)] = std::move(bytes), hole_[size_t(id)] = false;
   build_added_trie();
 }
 
@@ -221,7 +221,8 @@ void HfTokenizer::parse_tokenizer_config(const std::string& path) {
   eos_token_ = token_text(cfg, "eos_token");
   // BOS starts every document unless the config turns it off; EOS always ends one when the
   // tokenizer has it (torchtitan's text datasets encode with add_bos and add_eos).
-  if (!bos_token_.empty() && cfg.value("add_bos_token", true)) bos_ = id_of(bos_token_, "bos_token");
+  if (!bos_token_.empty() && cfg.value("add_bos_token", true))
+    bos_ = id_of(bos_token_, "bos_token");
   if (!eos_token_.empty()) eos_ = id_of(eos_token_, "eos_token");
 }
 
@@ -271,8 +272,8 @@ void HfTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out) 
   size_t seg = 0, i = 0;
   while (i < text.size()) {
     size_t len = 0;
-    const int32_t k = first_byte_[static_cast<unsigned char>(text[i])] ? match_added(text, i, len)
-                                                                        : -1;
+    const int32_t k =
+        first_byte_[static_cast<unsigned char>(text[i])] ? match_added(text, i, len) : -1;
     if (k < 0) {
       ++i;
       continue;
@@ -307,19 +308,12 @@ void HfTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) 
     text = normalized;
   }
   thread_local PieceCache cache;
-  if (cache.serial != serial_) cache.map.clear(), cache.serial = serial_;
+  if (cache.owner != serial_) cache.clear(), cache.owner = serial_;
   pre_.split(text, [&](std::string_view piece) {
-    auto it = cache.map.find(piece);
-    if (it != cache.map.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+    if (cache.lookup(piece, out)) return;
     const size_t start = out.size();
     bpe_.encode_piece(piece, out);
-    if (piece.size() <= kCachePieceBytes) {
-      if (cache.map.size() >= kCacheEntries) cache.map.clear();
-      cache.map.emplace(std::string(piece), std::vector<int32_t>(out.begin() + start, out.end()));
-    }
+    cache.insert(piece, std::span<const int32_t>(out).subspan(start));
   });
 }
 

@@ -4,10 +4,9 @@
 // invalid UTF-8 never matches a pattern, so its bytes end up in pieces of their own.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -55,16 +54,15 @@ class PreTokenizer {
 
  private:
   struct Step {
-    std::string kind;               // "Split", "Digits", "ByteLevel"
-    std::shared_ptr<Regex> regex;   // Split with a regex; Digits; ByteLevel with use_regex
-    std::string literal;            // Split with {"String": ...}
+    std::string kind;              // "Split", "Digits", "ByteLevel"
+    std::shared_ptr<Regex> regex;  // Split with a regex; Digits; ByteLevel with use_regex
+    std::string literal;           // Split with {"String": ...}
     SplitBehavior behavior = SplitBehavior::kIsolated;
     bool invert = false;
     bool add_prefix_space = false;  // ByteLevel
   };
   using Ranges = std::vector<std::pair<size_t, size_t>>;
-  static void add_steps(const nlohmann::json& j, const std::string& file,
-                        std::vector<Step>& steps);
+  static void add_steps(const nlohmann::json& j, const std::string& file, std::vector<Step>& steps);
   // Splits text[r] by one step, appending the resulting ranges (offsets into `text`).
   static void split_range(const Step& s, std::string_view text, std::pair<size_t, size_t> r,
                           Ranges& out);

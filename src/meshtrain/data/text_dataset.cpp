@@ -1,10 +1,11 @@
-// Text corpora: file discovery in sorted order, fortune/paragraph splitting, UTF-8 checks (JSON
-// lines: jsonl_dataset.cpp). Every failure is a DataError naming the path and what was expected.
+// Text corpora: file discovery in sorted order, fortune/paragraph splitting, UTF-8 checks, JSON
+// lines. Every failure is a DataError naming the path (and line) and what was expected there.
 #include "meshtrain/data/text_dataset.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -203,8 +204,8 @@ std::vector<std::string> dataset_files(const std::string& kind, const std::strin
 }
 
 TextCorpus TextCorpus::load_files(const std::string& kind, const std::string& path,
-                                  std::span<const std::string> files,
-                                  const std::string& text_field, Progress* progress) {
+                                  std::span<const std::string> files, const std::string& text_field,
+                                  Progress* progress) {
   TextCorpus c(kind, resolved(kind, path));
   for (const std::string& f : files) {
     std::string content = read_whole_file(f);
@@ -281,18 +282,67 @@ std::string format_thousands(int64_t n) {
 }
 
 std::string format_bytes(int64_t bytes) {
-  double b = double(bytes);
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
-  return fmt::format("{} B", bytes);
+  return Progress::format_amount(double(bytes), ProgressUnit::kBytes);
 }
 
-std::string format_si(double v) {
-  if (v >= 1e9) return fmt::format("{:.2f}G", v / 1e9);
-  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
-  if (v >= 1e3) return fmt::format("{:.2f}k", v / 1e3);
-  return fmt::format("{}", int64_t(v));
+std::string format_si(double v) { return Progress::format_amount(v, ProgressUnit::kCount); }
+
+// ---- JSON lines: one JSON object per line, the document is one string field of it ----
+
+namespace {
+
+std::string field_names(const nlohmann::json& j) {
+  std::string names;
+  int shown = 0;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (shown++ == 8) {
+      names += ", ...";
+      break;
+    }
+    names += (names.empty() ? "" : ", ") + it.key();
+  }
+  return names.empty() ? "none" : names;
+}
+
+}  // namespace
+
+void TextCorpus::add_jsonl(const std::string& file, std::string_view content,
+                           const std::string& field) {
+  const bool dot_json = file.size() >= 5 && file.compare(file.size() - 5, 5, ".json") == 0;
+  const char* hint = dot_json ? " (a .json file in a jsonl dataset must be JSON lines: one object "
+                                "per line)"
+                              : "";
+  int64_t line_no = 0;
+  size_t pos = 0;
+  while (pos < content.size()) {
+    const size_t nl = content.find('\n', pos);
+    const size_t end = nl == std::string_view::npos ? content.size() : nl;
+    const std::string_view line = content.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (is_blank(line)) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      MT_THROW(DataError, "jsonl dataset: '{}' line {} is not JSON: {}{}", file, line_no, e.what(),
+               hint);
+    }
+    MT_CHECK_T(DataError, j.is_object(),
+               "jsonl dataset: '{}' line {} is a JSON {}, expected an object with a \"{}\" "
+               "field{}",
+               file, line_no, j.type_name(), field, hint);
+    auto it = j.find(field);
+    MT_CHECK_T(DataError, it != j.end(),
+               "jsonl dataset: '{}' line {} has no \"{}\" field (its fields: {}); set [training] "
+               "dataset_text_field to the field holding the text",
+               file, line_no, field, field_names(j));
+    MT_CHECK_T(DataError, it->is_string(),
+               "jsonl dataset: '{}' line {}: field \"{}\" is a {}, expected a string", file,
+               line_no, field, it->type_name());
+    const std::string& text = it->get_ref<const std::string&>();
+    if (!text.empty()) add_document(text);
+  }
 }
 
 }  // namespace meshtrain

@@ -1,5 +1,6 @@
 // Token file I/O: the writer emits exactly what llm.c's readers expect (either width); the reader
-// mmaps and validates magic, version and size (so a truncated or foreign file never becomes tokens).
+// mmaps and validates magic, version and size (so a truncated or foreign file never becomes
+// tokens).
 #include "meshtrain/data/token_file.h"
 
 #include <fcntl.h>
@@ -132,9 +133,10 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   const int32_t version = width_ == TokenWidth::kU16 ? kTokenFileVersion : kTokenFileVersionU32;
   if (header[1] != version) {
     release();
-    MT_THROW(DataError,
-             "token file '{}': unsupported version, expected {} ({} tokens) with magic {}, found {}",
-             path, version, width_name(width_), header[0], header[1]);
+    MT_THROW(
+        DataError,
+        "token file '{}': unsupported version, expected {} ({} tokens) with magic {}, found {}",
+        path, version, width_name(width_), header[0], header[1]);
   }
   const int64_t expected = kTokenFileHeaderBytes + int64_t(width_) * int64_t(header[2]);
   if (header[2] < 0 || expected != size) {
@@ -165,8 +167,8 @@ int64_t TokenFile::max_token() const {
   } else {
     const uint32_t* t = static_cast<const uint32_t*>(tokens_);
     for (int64_t i = 0; i < num_tokens_; ++i) m = std::max<int64_t>(m, t[i]);
-    MT_CHECK_T(DataError, m <= INT32_MAX, "token file '{}' holds token id {}, past 2^31 - 1",
-               path_, m);
+    MT_CHECK_T(DataError, m <= INT32_MAX, "token file '{}' holds token id {}, past 2^31 - 1", path_,
+               m);
   }
   return m;
 }

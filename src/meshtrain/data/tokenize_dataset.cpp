@@ -51,10 +51,10 @@ class ShardedWriter {
 
  private:
   void open() {
-    const std::string p = ends_with_bin(o_.output)
-                              ? o_.output
-                              : (fs::path(o_.output) / fmt::format("shard_{:06}.bin", files_.size()))
-                                    .string();
+    const std::string p =
+        ends_with_bin(o_.output)
+            ? o_.output
+            : (fs::path(o_.output) / fmt::format("shard_{:06}.bin", files_.size())).string();
     files_.push_back(p);
     w_ = std::make_unique<TokenFileWriter>(p, width_);
   }

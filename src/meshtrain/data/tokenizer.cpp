@@ -18,7 +18,8 @@ void ByteTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out
   // call would copy the whole buffer every time.
   const size_t at = out.size();
   out.resize(at + text.size());
-  for (size_t i = 0; i < text.size(); ++i) out[at + i] = int32_t(static_cast<unsigned char>(text[i]));
+  for (size_t i = 0; i < text.size(); ++i)
+    out[at + i] = int32_t(static_cast<unsigned char>(text[i]));
 }
 
 std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {

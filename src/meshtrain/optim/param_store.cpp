@@ -1,9 +1,9 @@
 // ParamStore: flat buffers per norm group; initialisation on the host, then copied to the device.
 #include "meshtrain/optim/param_store.h"
 
-#include "meshtrain/core/progress.h"
-
 #include <map>
+
+#include "meshtrain/core/progress.h"
 
 namespace meshtrain {
 

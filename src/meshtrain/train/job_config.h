@@ -25,8 +25,8 @@ struct JobSection {
 struct ModelSection {
   std::string name = "llama3";  // "llama3" | "deepseek_v3"
   std::string flavor = "debugmodel";
-  int64_t n_layers = 0;    // 0 = the flavor's layer count
-  int64_t vocab_size = 0;  // 0 = the tokenizer's vocabulary size
+  int64_t n_layers = 0;        // 0 = the flavor's layer count
+  int64_t vocab_size = 0;      // 0 = the tokenizer's vocabulary size
   std::string hf_assets_path;  // folder with tokenizer.json; "" = the byte tokenizer
   // MoE models: auxiliary-loss-free load balancing step (torchtitan's MoEArgs.load_balance_coeff,
   // a model arg there; a [model] key here so runs can turn it off). 0 = off.

@@ -91,14 +91,14 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
 
   // The step graph, its memory plan, and the executor.
   const bool data_sets_vocab = int64_t(loader_->max_token_id()) + 1 > tokenizer_->vocab_size();
-  StepGraphOptions so{.tokenizer_vocab = std::max<int64_t>(tokenizer_->vocab_size(),
-                                                           int64_t(loader_->max_token_id()) + 1),
-                      .vocab_source =
-                          data_sets_vocab ? loader_->max_token_source() : tokenizer_->source(),
-                      .compute_dtype = compute_dtype_,
-                      .master_dtype = master_dtype_,
-                      .reduce_dtype = reduce_dtype_,
-                      .overwrite_grads = accum_steps_ == 1};
+  StepGraphOptions so{
+      .tokenizer_vocab =
+          std::max<int64_t>(tokenizer_->vocab_size(), int64_t(loader_->max_token_id()) + 1),
+      .vocab_source = data_sets_vocab ? loader_->max_token_source() : tokenizer_->source(),
+      .compute_dtype = compute_dtype_,
+      .master_dtype = master_dtype_,
+      .reduce_dtype = reduce_dtype_,
+      .overwrite_grads = accum_steps_ == 1};
   std::unique_ptr<StepGraph> sg = build_step_graph(cfg_, layout_.get(), so);
   graph_ = std::move(sg->graph);
   model_ = std::move(sg->model);
