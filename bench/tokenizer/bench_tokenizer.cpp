@@ -8,7 +8,8 @@
 // tokenizer folder with --hf-assets. Corpus: the fortunes corpus, or --dataset/--input.
 //
 //   build/bench/tokenizer/bench_tokenizer [--words 20000] [--reps 5] [--hf-assets DIR]
-//                                         [--dataset jsonl --input PATH]
+//                                         [--dataset jsonl --input PATH] [--save DIR]
+// --save keeps the built tokenizer folders (DIR/llama3-style, DIR/deepseek_v3-style).
 #include <time.h>
 
 #include <algorithm>
@@ -72,7 +73,7 @@ Row measure(const std::string& name, const Tokenizer& tok, const TextCorpus& c, 
 
 int main(int argc, char** argv) {
   int words = 20000, reps = 5;
-  std::string hf_assets, dataset = "fortunes", input;
+  std::string hf_assets, dataset = "fortunes", input, save;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--words")
@@ -85,6 +86,8 @@ int main(int argc, char** argv) {
       dataset = v;
     else if (k == "--input")
       input = v;
+    else if (k == "--save")
+      save = v;
     else {
       std::fprintf(stderr, "bench_tokenizer: unknown option %s\n", k.c_str());
       return 1;
@@ -95,7 +98,8 @@ int main(int argc, char** argv) {
   std::printf("corpus: %s; %d hardware threads\n", corpus.description().c_str(), all);
 
   std::vector<std::pair<std::string, std::unique_ptr<HfTokenizer>>> toks;
-  const auto dir = std::filesystem::temp_directory_path() / "mt_bench_tokenizer";
+  const auto dir = save.empty() ? std::filesystem::temp_directory_path() / "mt_bench_tokenizer"
+                                : std::filesystem::path(save);
   if (!hf_assets.empty()) {
     toks.emplace_back("given", HfTokenizer::load(hf_assets));
   } else {
@@ -132,6 +136,6 @@ int main(int argc, char** argv) {
                   r.mb_s_first, r.mb_s_median, r.mb_per_cpu_s, r.tokens_per_byte);
       if (all == 1) break;
     }
-  std::filesystem::remove_all(dir);
+  if (save.empty()) std::filesystem::remove_all(dir);
   return 0;
 }

@@ -86,7 +86,7 @@ TokenizeSummary tokenize_dataset(const Tokenizer& tok, const TokenizeOptions& o)
     ShardedWriter out(o, s.width, s.files);
     Progress progress(fmt::format("tokenizing {} '{}'", o.dataset, o.input), total,
                       ProgressOptions{.unit = ProgressUnit::kBytes, .enabled = 1});
-    std::vector<int32_t> packed;
+    const int32_t bos = tok.bos_id(), eos = tok.eos_id();
     for (size_t first = 0; first < inputs.size();) {
       size_t last = first;
       int64_t batch = 0;
@@ -96,16 +96,14 @@ TokenizeSummary tokenize_dataset(const Tokenizer& tok, const TokenizeOptions& o)
       const TextCorpus c = TextCorpus::load_files(o.dataset, o.input, files, o.text_field);
       EncodedCorpus e = encode_corpus(tok, c, threads, &progress);
       progress.add(batch - c.num_bytes());  // the files' bytes that are not document text
-      packed.clear();
       for (int64_t d = 0; d < c.num_documents(); ++d) {
-        if (tok.bos_id() >= 0) packed.push_back(tok.bos_id());
-        packed.insert(packed.end(), e.tokens.begin() + e.offsets[size_t(d)],
-                      e.tokens.begin() + e.offsets[size_t(d) + 1]);
-        if (tok.eos_id() >= 0) packed.push_back(tok.eos_id());
+        if (bos >= 0) out.append(std::span<const int32_t>(&bos, 1));
+        out.append(std::span<const int32_t>(e.tokens).subspan(
+            size_t(e.offsets[size_t(d)]), size_t(e.offsets[size_t(d) + 1] - e.offsets[size_t(d)])));
+        if (eos >= 0) out.append(std::span<const int32_t>(&eos, 1));
       }
-      out.append(packed);
       s.documents += c.num_documents(), s.bytes += c.num_bytes();
-      s.tokens += int64_t(packed.size());
+      s.tokens += int64_t(e.tokens.size()) + c.num_documents() * ((bos >= 0) + (eos >= 0));
       first = last;
     }
     MT_CHECK_T(DataError, s.documents > 0, "{} dataset '{}': no documents to tokenize in {} file{}",
