@@ -66,7 +66,9 @@ class ShardedWriter {
 
 }  // namespace
 
-TokenizeSummary tokenize_dataset(const Tokenizer& tok, const TokenizeOptions& o) {
+TokenizeSummary tokenize_dataset(const Tokenizer& tok, const TokenizeOptions& options) {
+  TokenizeOptions o = options;
+  if (o.dataset == "fortunes" && o.input.empty()) o.input = kDefaultFortunesDir;
   MT_CHECK_T(ValueError, !o.output.empty(), "tokenize needs an output (FILE.bin or a folder)");
   MT_CHECK_T(ValueError, o.dataset == "fortunes" || o.dataset == "text" || o.dataset == "jsonl",
              "tokenize reads a fortunes, text or jsonl dataset, found '{}'", o.dataset);
@@ -80,6 +82,7 @@ TokenizeSummary tokenize_dataset(const Tokenizer& tok, const TokenizeOptions& o)
     total += sizes.back();
   }
   TokenizeSummary s;
+  s.input = o.input;
   s.width = token_width_for(tok.vocab_size());
   const int threads = encode_threads(o.threads);
   try {
@@ -123,7 +126,7 @@ std::string TokenizeSummary::describe(const TokenizeOptions& o) const {
   return fmt::format(
       "{} '{}': {} documents, {} -> {}: {} tokens in {} file{} ({} tokens, llm.c version {}), "
       "{:.1f}s ({:.2f} MB/s)",
-      o.dataset, o.input, format_thousands(documents), format_bytes(bytes), o.output,
+      o.dataset, input, format_thousands(documents), format_bytes(bytes), o.output,
       format_thousands(tokens), files.size(), files.size() == 1 ? "" : "s",
       u16 ? "uint16" : "uint32", u16 ? kTokenFileVersion : kTokenFileVersionU32, seconds,
       seconds > 0 ? double(bytes) / 1e6 / seconds : 0.0);

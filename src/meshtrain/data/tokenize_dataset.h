@@ -26,6 +26,7 @@ struct TokenizeOptions {
 
 struct TokenizeSummary {
   int64_t documents = 0, bytes = 0, tokens = 0;  // bytes: of the documents' text
+  std::string input;                             // the dataset path read (defaults resolved)
   std::vector<std::string> files;                // written, in order
   TokenWidth width = TokenWidth::kU16;
   double seconds = 0;
