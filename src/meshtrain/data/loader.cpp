@@ -95,11 +95,16 @@ TokenLoader::TokenLoader(const DataSource& source, const Tokenizer& tokenizer, i
                source.dataset);
     files_ = source.token_files;
     file_start_.push_back(0);
+    int64_t total = 0;
+    for (const auto& f : files_) total += f->num_tokens();
+    // The largest id sets the smallest vocabulary the model may have: every token is read once.
+    Progress progress("scanning token files", total);
     for (const auto& f : files_) {
       const int64_t m = f->max_token();
       if (m > max_token_id_ || max_token_source_.empty())
         max_token_id_ = std::max<int32_t>(max_token_id_, int32_t(m)), max_token_source_ = f->path();
       file_start_.push_back(file_start_.back() + f->num_tokens());
+      progress.add(f->num_tokens());
     }
     tokens_per_epoch_ = file_start_.back();
     description_ = fmt::format("tokens: {} file{}, {} tokens/epoch (max id {})", files_.size(),
