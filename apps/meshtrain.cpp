@@ -12,8 +12,7 @@
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
-#include "meshtrain/data/text_dataset.h"
-#include "meshtrain/data/token_file.h"
+#include "meshtrain/data/tokenize_dataset.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/plan_report.h"
@@ -29,8 +28,11 @@ const char* kUsage =
     "        train a model; --nproc N starts N local ranks (mpirun -np N also works)\n"
     "  plan  --config FILE [--world N] [--rank R] [--section.key VALUE ...]\n"
     "        print parameter counts, FLOPs per token and the planned memory of a rank\n"
-    "  tokenize --input PATH --output FILE.bin [--dataset text|fortunes]\n"
-    "        write a pre-tokenized token file (byte-level tokenizer, llm.c format)\n"
+    "  tokenize --input PATH --output FILE.bin|FOLDER [--dataset text|jsonl|fortunes]\n"
+    "           [--hf-assets FOLDER] [--text-field NAME] [--threads N] [--shard-tokens N]\n"
+    "           [--config FILE [--section.key VALUE ...]]\n"
+    "        write llm.c token files (uint16, or uint32 past 65,536 ids) with the HF tokenizer\n"
+    "        of --hf-assets / [model] hf_assets_path, else the byte tokenizer\n"
     "\n"
     "Config keys follow torchtitan's TOML sections, e.g. --training.steps 20 or\n"
     "--parallelism.data_parallel_shard_degree 2. See configs/ for examples.\n";
@@ -92,31 +94,37 @@ int run_plan(int argc, char** argv) {
   return 0;
 }
 
-// Packs documents as BOS doc EOS with the byte tokenizer into an llm.c-format token file.
+// A text dataset to llm.c token files with the run's tokenizer ([BOS] doc [EOS] per document).
+// Defaults come from --config (dataset, dataset_path, dataset_text_field, hf_assets_path); the
+// command's own flags override them.
 int run_tokenize(int argc, char** argv) {
-  Args a = parse_args(argc, argv, {"--input", "--output", "--dataset"});
-  MT_CHECK_T(ConfigError, a.options.count("--output"), "tokenize needs --output FILE.bin");
-  MT_CHECK_T(ConfigError, a.overrides.empty(), "tokenize: unknown option '{}'",
-             a.overrides.front());
-  std::string dataset = a.options.count("--dataset") ? a.options["--dataset"] : "text";
-  std::string input = a.options.count("--input") ? a.options["--input"] : "";
-  MT_CHECK_T(ConfigError, dataset == "text" || dataset == "fortunes",
-             "tokenize --dataset must be text or fortunes, found '{}'", dataset);
-  MT_CHECK_T(ConfigError, dataset == "fortunes" || !input.empty(),
-             "tokenize --dataset text needs --input PATH");
-  meshtrain::TextCorpus corpus = dataset == "fortunes" ? meshtrain::TextCorpus::load_fortunes(input)
-                                                       : meshtrain::TextCorpus::load_text(input);
-  auto tok = meshtrain::make_tokenizer("byte");
-  std::vector<int32_t> ids;
-  for (int64_t d = 0; d < corpus.num_documents(); ++d) {
-    ids.push_back(tok->bos_id());
-    std::vector<int32_t> doc = tok->encode(corpus.document(d));
-    ids.insert(ids.end(), doc.begin(), doc.end());
-    ids.push_back(tok->eos_id());
-  }
-  meshtrain::write_token_file(a.options["--output"], ids);
-  std::printf("%s -> %s: %zu tokens\n", corpus.description().c_str(), a.options["--output"].c_str(),
-              ids.size());
+  Args a = parse_args(argc, argv,
+                      {"--input", "--output", "--dataset", "--hf-assets", "--text-field",
+                       "--threads", "--shard-tokens"});
+  MT_CHECK_T(ConfigError, a.options.count("--output"),
+             "tokenize needs --output FILE.bin (or a folder for shards)");
+  MT_CHECK_T(ConfigError, !a.config.empty() || a.overrides.empty(), "tokenize: unknown option '{}'",
+             a.overrides.empty() ? "" : a.overrides.front());
+  meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
+  if (a.config.empty()) cfg.training.dataset = "text";  // the command's own default
+  auto opt = [&](const char* name, const std::string& fallback) {
+    return a.options.count(name) ? a.options[name] : fallback;
+  };
+  meshtrain::TokenizeOptions o;
+  o.dataset = opt("--dataset", cfg.training.dataset);
+  o.input = opt("--input", cfg.training.dataset_path);
+  o.text_field = opt("--text-field", cfg.training.dataset_text_field);
+  o.output = a.options["--output"];
+  o.threads = std::stoi(opt("--threads", "0"));
+  o.shard_tokens = std::stoll(opt("--shard-tokens", std::to_string(o.shard_tokens)));
+  MT_CHECK_T(ConfigError, o.dataset == "fortunes" || o.dataset == "text" || o.dataset == "jsonl",
+             "tokenize --dataset must be text, jsonl or fortunes, found '{}'", o.dataset);
+  MT_CHECK_T(ConfigError, o.dataset == "fortunes" || !o.input.empty(),
+             "tokenize --dataset {} needs --input PATH", o.dataset);
+  auto tok = meshtrain::load_tokenizer(opt("--hf-assets", cfg.model.hf_assets_path));
+  std::fprintf(stderr, "tokenizer: %s\n", tok->name().c_str());
+  meshtrain::TokenizeSummary s = meshtrain::tokenize_dataset(*tok, o);
+  std::printf("%s\n", s.describe(o).c_str());
   return 0;
 }
 

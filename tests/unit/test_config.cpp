@@ -122,7 +122,7 @@ TEST_F(ConfigTest, NotOneOfTheChoices) {
   EXPECT_CONTAINS(config_error([&] {
                     parse_job_config("", {"--training.dataset", "c4"});
                   }),
-                  "[training] dataset must be one of fortunes, text, tokens, found \"c4\" "
+                  "[training] dataset must be one of fortunes, text, jsonl, tokens, found \"c4\" "
                   "(from --training.dataset)");
 }
 

@@ -152,7 +152,7 @@ TEST_F(DataTest, TokenFileRoundTripAndHeader) {
   }
   TokenFile f(p);
   ASSERT_EQ(f.num_tokens(), 6);
-  for (size_t i = 0; i < toks.size(); ++i) EXPECT_EQ(int32_t(f.tokens()[i]), toks[i]);
+  for (size_t i = 0; i < toks.size(); ++i) EXPECT_EQ(f.token(int64_t(i)), toks[i]);
   TokenFile moved = std::move(f);
   EXPECT_EQ(moved.num_tokens(), 6);
   EXPECT_EQ(f.num_tokens(), 0);
@@ -180,7 +180,9 @@ TEST_F(DataTest, TokenFileCorruptedHeaders) {
   };
   std::string magic = patched("magic.bin", 0, 12345);
   EXPECT_CONTAINS(data_error([&] { TokenFile t(magic); }),
-                  "token file '" + magic + "': bad magic number, expected 20240520, found 12345");
+                  "token file '" + magic +
+                      "': bad magic number, expected 20240520 (uint16 tokens) or 20240801 (uint32 "
+                      "tokens), found 12345");
   std::string version = patched("version.bin", 1, 2);
   EXPECT_CONTAINS(data_error([&] { TokenFile t(version); }), "unsupported version, expected 1");
   std::string count = patched("count.bin", 2, 5);

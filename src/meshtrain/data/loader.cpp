@@ -8,21 +8,23 @@
 #include <numeric>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/progress.h"
+#include "meshtrain/data/parallel_encode.h"
 
 namespace meshtrain {
 
-DataSource open_data_source(const std::string& dataset, const std::string& path) {
+DataSource open_data_source(const std::string& dataset, const std::string& path,
+                            const std::string& text_field) {
   DataSource s;
   s.dataset = dataset;
-  if (dataset == "fortunes") {
-    s.corpus = std::make_shared<const TextCorpus>(TextCorpus::load_fortunes(path));
-  } else if (dataset == "text") {
-    s.corpus = std::make_shared<const TextCorpus>(TextCorpus::load_text(path));
+  if (dataset == "fortunes" || dataset == "text" || dataset == "jsonl") {
+    s.corpus = std::make_shared<const TextCorpus>(TextCorpus::load(dataset, path, text_field));
   } else if (dataset == "tokens") {
     for (const std::string& f : list_token_files(path))
       s.token_files.push_back(std::make_shared<const TokenFile>(f));
   } else {
-    MT_THROW(ConfigError, "[training] dataset must be one of fortunes, text, tokens, found \"{}\"",
+    MT_THROW(ConfigError,
+             "[training] dataset must be one of fortunes, text, jsonl, tokens, found \"{}\"",
              dataset);
   }
   return s;
@@ -52,7 +54,7 @@ uint64_t bounded(uint64_t& state, uint64_t n) {
 
 TokenLoader::TokenLoader(const DataSource& source, const Tokenizer& tokenizer, int64_t seq_len,
                          int64_t local_batch, int64_t dp_rank, int64_t dp_degree,
-                         int64_t accum_steps, uint64_t seed)
+                         int64_t accum_steps, uint64_t seed, int encode_threads)
     : seq_len_(seq_len),
       local_batch_(local_batch),
       dp_rank_(dp_rank),
@@ -67,22 +69,23 @@ TokenLoader::TokenLoader(const DataSource& source, const Tokenizer& tokenizer, i
   MT_CHECK_T(ValueError, accum_steps >= 1, "loader: accumulation steps must be >= 1, found {}",
              accum_steps);
   bos_ = tokenizer.bos_id(), eos_ = tokenizer.eos_id();
+  n_bos_ = bos_ >= 0 ? 1 : 0, n_eos_ = eos_ >= 0 ? 1 : 0;
   if (source.corpus) {
     packed_ = true;
     const TextCorpus& c = *source.corpus;
     const int64_t n = c.num_documents();
     MT_CHECK_T(DataError, n > 0, "{} dataset '{}' has no documents", c.kind(), c.path());
-    doc_offsets_.reserve(size_t(n) + 1);
-    doc_offsets_.push_back(0);
-    doc_tokens_.reserve(size_t(c.num_bytes()));
-    for (int64_t d = 0; d < n; ++d) {
-      std::vector<int32_t> ids = tokenizer.encode(c.document(d));
-      doc_tokens_.insert(doc_tokens_.end(), ids.begin(), ids.end());
-      doc_offsets_.push_back(int64_t(doc_tokens_.size()));
+    {
+      Progress progress(fmt::format("tokenizing {} '{}'", c.kind(), c.path()), c.num_bytes(),
+                        ProgressOptions{.unit = ProgressUnit::kBytes});
+      EncodedCorpus e = encode_corpus(tokenizer, c, encode_threads, &progress);
+      doc_tokens_ = std::move(e.tokens);
+      doc_offsets_ = std::move(e.offsets);
     }
-    max_token_id_ = std::max(bos_, eos_);
+    max_token_id_ = std::max({bos_, eos_, int32_t(0)});
     for (int32_t t : doc_tokens_) max_token_id_ = std::max(max_token_id_, t);
-    tokens_per_epoch_ = int64_t(doc_tokens_.size()) + 2 * n;
+    max_token_source_ = tokenizer.source().empty() ? tokenizer.name() : tokenizer.source();
+    tokens_per_epoch_ = int64_t(doc_tokens_.size()) + (n_bos_ + n_eos_) * n;
     perm_.resize(size_t(n));
     slot_start_.resize(size_t(n) + 1);
     description_ =
@@ -92,9 +95,16 @@ TokenLoader::TokenLoader(const DataSource& source, const Tokenizer& tokenizer, i
                source.dataset);
     files_ = source.token_files;
     file_start_.push_back(0);
+    int64_t total = 0;
+    for (const auto& f : files_) total += f->num_tokens();
+    // The largest id sets the smallest vocabulary the model may have: every token is read once.
+    Progress progress("scanning token files", total);
     for (const auto& f : files_) {
-      for (uint16_t t : f->tokens()) max_token_id_ = std::max<int32_t>(max_token_id_, t);
+      const int64_t m = f->max_token();
+      if (m > max_token_id_ || max_token_source_.empty())
+        max_token_id_ = std::max<int32_t>(max_token_id_, int32_t(m)), max_token_source_ = f->path();
       file_start_.push_back(file_start_.back() + f->num_tokens());
+      progress.add(f->num_tokens());
     }
     tokens_per_epoch_ = file_start_.back();
     description_ = fmt::format("tokens: {} file{}, {} tokens/epoch (max id {})", files_.size(),
@@ -120,7 +130,7 @@ void TokenLoader::start_epoch(int64_t epoch) {
   for (size_t k = 0; k < n; ++k) {
     int64_t d = perm_[k];
     slot_start_[k + 1] =
-        slot_start_[k] + (doc_offsets_[size_t(d) + 1] - doc_offsets_[size_t(d)]) + 2;
+        slot_start_[k] + (doc_offsets_[size_t(d) + 1] - doc_offsets_[size_t(d)]) + n_bos_ + n_eos_;
   }
   epoch_ = epoch;
 }
@@ -135,14 +145,17 @@ void TokenLoader::read_stream(int64_t pos, int64_t n, int32_t* out) const {
       const size_t d = size_t(perm_[slot]);
       const int64_t len = doc_offsets_[d + 1] - doc_offsets_[d];
       const int32_t* doc = doc_tokens_.data() + doc_offsets_[d];
-      if (off == 0) *out++ = bos_, --n, ++off;
-      if (n > 0 && off <= len) {
-        int64_t k = std::min(n, len + 1 - off);
-        std::memcpy(out, doc + (off - 1), size_t(k) * sizeof(int32_t));
+      if (off < n_bos_) {
+        *out++ = bos_, --n, ++off;
+      } else if (off < n_bos_ + len) {
+        int64_t k = std::min(n, n_bos_ + len - off);
+        std::memcpy(out, doc + (off - n_bos_), size_t(k) * sizeof(int32_t));
         out += k, n -= k, off += k;
+      } else if (off < n_bos_ + len + n_eos_) {
+        *out++ = eos_, --n, ++off;
+      } else {
+        ++slot, off = 0;
       }
-      if (n > 0 && off == len + 1) *out++ = eos_, --n, ++off;
-      if (off == len + 2) ++slot, off = 0;
     }
     return;
   }
@@ -151,9 +164,8 @@ void TokenLoader::read_stream(int64_t pos, int64_t n, int32_t* out) const {
       1;
   int64_t off = pos - file_start_[f];
   while (n > 0) {
-    std::span<const uint16_t> toks = files_[f]->tokens();
-    int64_t k = std::min(n, int64_t(toks.size()) - off);
-    for (int64_t i = 0; i < k; ++i) out[i] = int32_t(toks[size_t(off + i)]);
+    int64_t k = std::min(n, files_[f]->num_tokens() - off);
+    files_[f]->read(off, k, out);
     out += k, n -= k;
     ++f, off = 0;
   }

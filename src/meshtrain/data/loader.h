@@ -14,16 +14,18 @@
 
 namespace meshtrain {
 
-// What a loader reads: documents to tokenize and pack ("fortunes", "text"), or pre-tokenized
-// files read as one stream ("tokens").
+// What a loader reads: documents to tokenize and pack ("fortunes", "text", "jsonl"), or
+// pre-tokenized files read as one stream ("tokens").
 struct DataSource {
-  std::string dataset;                                        // "fortunes" | "text" | "tokens"
-  std::shared_ptr<const TextCorpus> corpus;                   // fortunes, text
+  std::string dataset;                                        // fortunes | text | jsonl | tokens
+  std::shared_ptr<const TextCorpus> corpus;                   // fortunes, text, jsonl
   std::vector<std::shared_ptr<const TokenFile>> token_files;  // tokens, in sorted order
 };
 
-// `path` "" = the dataset's default location (fortunes: /usr/share/games/fortunes).
-DataSource open_data_source(const std::string& dataset, const std::string& path);
+// `path` "" = the dataset's default location (fortunes: /usr/share/games/fortunes);
+// `text_field` = the JSON field of a jsonl document ([training] dataset_text_field).
+DataSource open_data_source(const std::string& dataset, const std::string& path,
+                            const std::string& text_field = kDefaultTextField);
 
 class TokenLoader {
  public:
@@ -33,10 +35,11 @@ class TokenLoader {
     int64_t epoch = 0;        // epoch of the next window (a check when restoring)
   };
 
-  // Text sources are tokenized here, once. accum_steps = A micro-batches per step.
+  // Text sources are tokenized here, once, on `encode_threads` threads (0 = all cores).
+  // accum_steps = A micro-batches per step.
   TokenLoader(const DataSource& source, const Tokenizer& tokenizer, int64_t seq_len,
               int64_t local_batch, int64_t dp_rank, int64_t dp_degree, int64_t accum_steps,
-              uint64_t seed);
+              uint64_t seed, int encode_threads = 0);
 
   // Fills inputs and labels, each [local_batch, seq_len] row-major, for this rank's next
   // micro-batch: labels are inputs shifted by one token. Allocates nothing.
@@ -48,6 +51,8 @@ class TokenLoader {
   int64_t tokens_per_epoch() const { return tokens_per_epoch_; }
   int64_t windows_per_epoch() const { return windows_per_epoch_; }
   int32_t max_token_id() const { return max_token_id_; }
+  // Where the largest id comes from: the tokenizer's file, or the token file holding it.
+  const std::string& max_token_source() const { return max_token_source_; }
   int64_t seq_len() const { return seq_len_; }
   int64_t local_batch() const { return local_batch_; }
   // "fortunes: 15,234 documents, 2.54 MB, 2.61M tokens/epoch"
@@ -61,18 +66,19 @@ class TokenLoader {
   void read_stream(int64_t pos, int64_t n, int32_t* out) const;
   int64_t epoch_of_next_window() const;
 
-  bool packed_ = false;  // text: BOS doc EOS per document, shuffled per epoch
+  bool packed_ = false;  // text: [BOS] doc [EOS] per document, shuffled per epoch
   int64_t seq_len_, local_batch_, dp_rank_, dp_degree_, accum_steps_;
   uint64_t seed_;
-  int32_t bos_ = 0, eos_ = 0, max_token_id_ = 0;
+  int32_t bos_ = -1, eos_ = -1, max_token_id_ = 0;
+  int64_t n_bos_ = 0, n_eos_ = 0;  // 1 when the tokenizer has that id, else 0
   int64_t tokens_per_epoch_ = 0, windows_per_epoch_ = 0;
-  std::string description_;
+  std::string description_, max_token_source_;
 
   // Packed text: all documents' tokens back to back (without BOS/EOS) and where each starts.
   std::vector<int32_t> doc_tokens_;
   std::vector<int64_t> doc_offsets_;  // n_docs + 1
   // This epoch's order and the stream offset of each slot (n_docs + 1; slot k holds
-  // BOS + doc perm_[k] + EOS). Sized at construction and rewritten in place per epoch.
+  // [BOS] doc perm_[k] [EOS]). Sized at construction and rewritten in place per epoch.
   std::vector<int64_t> perm_, slot_start_;
   int64_t epoch_ = -1;
 

@@ -1,28 +1,31 @@
-// Text corpora: file discovery in sorted order, fortune/paragraph splitting, UTF-8 checks.
-// Every failure is a DataError naming the path and what was expected there.
+// Text corpora: file discovery in sorted order, fortune/paragraph splitting, UTF-8 checks, JSON
+// lines. Every failure is a DataError naming the path (and line) and what was expected there.
 #include "meshtrain/data/text_dataset.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/progress.h"
 
 namespace meshtrain {
 namespace fs = std::filesystem;
 
-namespace {
-
-std::string read_whole_file(const fs::path& p) {
+std::string read_whole_file(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
-  MT_CHECK_T(DataError, static_cast<bool>(in), "cannot open '{}' for reading", p.string());
+  MT_CHECK_T(DataError, static_cast<bool>(in), "cannot open '{}' for reading", p);
   std::ostringstream ss;
   ss << in.rdbuf();
-  MT_CHECK_T(DataError, !in.bad(), "error while reading '{}'", p.string());
+  MT_CHECK_T(DataError, !in.bad(), "error while reading '{}'", p);
   return ss.str();
 }
+
+namespace {
 
 bool is_blank(std::string_view line) {
   return line.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos;
@@ -133,8 +136,9 @@ TextCorpus TextCorpus::from_documents(std::string kind, std::string path,
   return c;
 }
 
-TextCorpus TextCorpus::load_fortunes(const std::string& folder_arg) {
-  const std::string folder = folder_arg.empty() ? kDefaultFortunesDir : folder_arg;
+namespace {
+
+std::vector<std::string> fortune_files(const std::string& folder) {
   std::error_code ec;
   if (!fs::is_directory(folder, ec))
     MT_THROW(DataError,
@@ -150,58 +154,116 @@ TextCorpus TextCorpus::load_fortunes(const std::string& folder_arg) {
   std::sort(candidates.begin(), candidates.end());
   // A symlink to a file already listed adds nothing; dedupe after sorting so the first name
   // in sorted order is the one kept, whatever order the directory lists them in.
-  std::vector<fs::path> files;
+  std::vector<std::string> files;
   std::set<fs::path> seen;
   for (const fs::path& p : candidates) {
     fs::path canon = fs::weakly_canonical(p, ec);
-    if (seen.insert(ec ? p : canon).second) files.push_back(p);
+    if (seen.insert(ec ? p : canon).second) files.push_back(p.string());
   }
   MT_CHECK_T(DataError, !files.empty(),
              "fortunes dataset: no fortune files (files without an extension) in '{}'", folder);
-  TextCorpus c("fortunes", folder);
-  for (const fs::path& f : files) {
+  return files;
+}
+
+// text and jsonl: the file itself, or the files under the folder whose extension is listed.
+std::vector<std::string> files_by_extension(const std::string& kind, const std::string& path,
+                                            const std::vector<std::string>& exts,
+                                            const std::string& what) {
+  MT_CHECK_T(DataError, !path.empty(), "{} dataset needs [training] dataset_path: {}", kind, what);
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return {path};
+  MT_CHECK_T(DataError, fs::is_directory(path, ec), "{} dataset: '{}' not found (expected {})",
+             kind, path, what);
+  std::vector<std::string> files;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(path))
+    if (e.is_regular_file() &&
+        std::find(exts.begin(), exts.end(), e.path().extension().string()) != exts.end())
+      files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  std::string globs;
+  for (const std::string& x : exts) globs += (globs.empty() ? "*" : " or *") + x;
+  MT_CHECK_T(DataError, !files.empty(), "{} dataset: no {} files under folder '{}'", kind, globs,
+             path);
+  return files;
+}
+
+std::string resolved(const std::string& kind, const std::string& path) {
+  return kind == "fortunes" && path.empty() ? std::string(kDefaultFortunesDir) : path;
+}
+
+}  // namespace
+
+std::vector<std::string> dataset_files(const std::string& kind, const std::string& path) {
+  if (kind == "fortunes") return fortune_files(resolved(kind, path));
+  if (kind == "text")
+    return files_by_extension(kind, path, {".txt"}, "a UTF-8 file or a folder of *.txt files");
+  if (kind == "jsonl")
+    return files_by_extension(kind, path, {".jsonl", ".json"},
+                              "a JSON-lines file or a folder of *.jsonl / *.json files");
+  MT_THROW(DataError, "text dataset kind must be fortunes, text or jsonl, found '{}'", kind);
+}
+
+TextCorpus TextCorpus::load_files(const std::string& kind, const std::string& path,
+                                  std::span<const std::string> files, const std::string& text_field,
+                                  Progress* progress) {
+  TextCorpus c(kind, resolved(kind, path));
+  for (const std::string& f : files) {
     std::string content = read_whole_file(f);
-    for (std::string_view d : split_fortunes(content)) c.add_document(d);
+    if (kind == "fortunes") {
+      for (std::string_view d : split_fortunes(content)) c.add_document(d);
+    } else if (kind == "text") {
+      int64_t bad = find_invalid_utf8(content);
+      if (bad >= 0)
+        MT_THROW(DataError,
+                 "text dataset: '{}' is not valid UTF-8 (byte offset {}); for pre-tokenized .bin "
+                 "files use dataset \"tokens\"",
+                 f, bad);
+      for (std::string_view d : split_paragraphs(content)) c.add_document(d);
+    } else {
+      MT_CHECK_T(DataError, kind == "jsonl",
+                 "text dataset kind must be fortunes, text or jsonl, found '{}'", kind);
+      c.add_jsonl(f, content, text_field);
+    }
     ++c.num_files_;
+    if (progress) progress->add(int64_t(content.size()));
   }
-  MT_CHECK_T(DataError, c.num_documents() > 0,
-             "fortunes dataset: no documents in the {} fortune files of '{}'", files.size(),
-             folder);
   return c;
 }
 
-TextCorpus TextCorpus::load_text(const std::string& path) {
-  MT_CHECK_T(DataError, !path.empty(),
-             "text dataset needs [training] dataset_path: a UTF-8 file or a folder of *.txt files");
-  std::error_code ec;
-  std::vector<fs::path> files;
-  if (fs::is_regular_file(path, ec)) {
-    files.push_back(path);
-  } else if (fs::is_directory(path, ec)) {
-    for (const fs::directory_entry& e : fs::recursive_directory_iterator(path))
-      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path());
-    std::sort(files.begin(), files.end());
-    MT_CHECK_T(DataError, !files.empty(), "text dataset: no *.txt files under folder '{}'", path);
-  } else {
-    MT_THROW(DataError,
-             "text dataset: '{}' not found (expected a UTF-8 file or a folder of *.txt files)",
-             path);
+TextCorpus TextCorpus::load(const std::string& kind, const std::string& path,
+                            const std::string& text_field, Progress* progress) {
+  const std::vector<std::string> files = dataset_files(kind, path);
+  std::optional<Progress> own;
+  if (!progress) {
+    int64_t total = 0;
+    std::error_code ec;
+    for (const std::string& f : files) total += int64_t(fs::file_size(f, ec));
+    own.emplace(fmt::format("loading {} '{}'", kind, resolved(kind, path)), total,
+                ProgressOptions{.unit = ProgressUnit::kBytes});
+    progress = &*own;
   }
-  TextCorpus c("text", path);
-  for (const fs::path& f : files) {
-    std::string content = read_whole_file(f);
-    int64_t bad = find_invalid_utf8(content);
-    if (bad >= 0)
-      MT_THROW(DataError,
-               "text dataset: '{}' is not valid UTF-8 (byte offset {}); for pre-tokenized .bin "
-               "files use dataset \"tokens\"",
-               f.string(), bad);
-    for (std::string_view d : split_paragraphs(content)) c.add_document(d);
-    ++c.num_files_;
-  }
-  MT_CHECK_T(DataError, c.num_documents() > 0,
-             "text dataset: no documents (non-blank lines) in '{}'", path);
+  TextCorpus c = load_files(kind, path, files, text_field, progress);
+  if (kind == "fortunes")
+    MT_CHECK_T(DataError, c.num_documents() > 0,
+               "fortunes dataset: no documents in the {} fortune files of '{}'", files.size(),
+               c.path());
+  else if (kind == "text")
+    MT_CHECK_T(DataError, c.num_documents() > 0,
+               "text dataset: no documents (non-blank lines) in '{}'", path);
+  else
+    MT_CHECK_T(DataError, c.num_documents() > 0,
+               "jsonl dataset: no documents in '{}' ({} file{}; every line is blank or an empty "
+               "\"{}\")",
+               path, files.size(), files.size() == 1 ? "" : "s", text_field);
   return c;
+}
+
+TextCorpus TextCorpus::load_fortunes(const std::string& folder) { return load("fortunes", folder); }
+
+TextCorpus TextCorpus::load_text(const std::string& path) { return load("text", path); }
+
+TextCorpus TextCorpus::load_jsonl(const std::string& path, const std::string& text_field) {
+  return load("jsonl", path, text_field);
 }
 
 std::string TextCorpus::description() const {
@@ -220,18 +282,67 @@ std::string format_thousands(int64_t n) {
 }
 
 std::string format_bytes(int64_t bytes) {
-  double b = double(bytes);
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
-  return fmt::format("{} B", bytes);
+  return Progress::format_amount(double(bytes), ProgressUnit::kBytes);
 }
 
-std::string format_si(double v) {
-  if (v >= 1e9) return fmt::format("{:.2f}G", v / 1e9);
-  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
-  if (v >= 1e3) return fmt::format("{:.2f}k", v / 1e3);
-  return fmt::format("{}", int64_t(v));
+std::string format_si(double v) { return Progress::format_amount(v, ProgressUnit::kCount); }
+
+// ---- JSON lines: one JSON object per line, the document is one string field of it ----
+
+namespace {
+
+std::string field_names(const nlohmann::json& j) {
+  std::string names;
+  int shown = 0;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (shown++ == 8) {
+      names += ", ...";
+      break;
+    }
+    names += (names.empty() ? "" : ", ") + it.key();
+  }
+  return names.empty() ? "none" : names;
+}
+
+}  // namespace
+
+void TextCorpus::add_jsonl(const std::string& file, std::string_view content,
+                           const std::string& field) {
+  const bool dot_json = file.size() >= 5 && file.compare(file.size() - 5, 5, ".json") == 0;
+  const char* hint = dot_json ? " (a .json file in a jsonl dataset must be JSON lines: one object "
+                                "per line)"
+                              : "";
+  int64_t line_no = 0;
+  size_t pos = 0;
+  while (pos < content.size()) {
+    const size_t nl = content.find('\n', pos);
+    const size_t end = nl == std::string_view::npos ? content.size() : nl;
+    const std::string_view line = content.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (is_blank(line)) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      MT_THROW(DataError, "jsonl dataset: '{}' line {} is not JSON: {}{}", file, line_no, e.what(),
+               hint);
+    }
+    MT_CHECK_T(DataError, j.is_object(),
+               "jsonl dataset: '{}' line {} is a JSON {}, expected an object with a \"{}\" "
+               "field{}",
+               file, line_no, j.type_name(), field, hint);
+    auto it = j.find(field);
+    MT_CHECK_T(DataError, it != j.end(),
+               "jsonl dataset: '{}' line {} has no \"{}\" field (its fields: {}); set [training] "
+               "dataset_text_field to the field holding the text",
+               file, line_no, field, field_names(j));
+    MT_CHECK_T(DataError, it->is_string(),
+               "jsonl dataset: '{}' line {}: field \"{}\" is a {}, expected a string", file,
+               line_no, field, it->type_name());
+    const std::string& text = it->get_ref<const std::string&>();
+    if (!text.empty()) add_document(text);
+  }
 }
 
 }  // namespace meshtrain

@@ -1,5 +1,6 @@
-// Token file I/O: the writer emits exactly what llm.c's readers expect; the reader mmaps and
-// validates magic, version and size (so a truncated or foreign file never becomes tokens).
+// Token file I/O: the writer emits exactly what llm.c's readers expect (either width); the reader
+// mmaps and validates magic, version and size (so a truncated or foreign file never becomes
+// tokens).
 #include "meshtrain/data/token_file.h"
 
 #include <fcntl.h>
@@ -19,29 +20,84 @@
 namespace meshtrain {
 namespace fs = std::filesystem;
 
-void write_token_file(const std::string& path, std::span<const int32_t> tokens) {
-  std::vector<uint16_t> body(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    MT_CHECK_T(DataError, tokens[i] >= 0 && tokens[i] <= 65535,
-               "token file '{}': version {} stores uint16 tokens, found token id {} at position {}",
-               path, kTokenFileVersion, tokens[i], i);
-    body[i] = uint16_t(tokens[i]);
-  }
-  int32_t header[kTokenFileHeaderInts] = {};
-  header[0] = kTokenFileMagic;
-  header[1] = kTokenFileVersion;
-  // The count field is int32 in the format; larger files need to be split.
-  MT_CHECK_T(DataError, tokens.size() <= size_t(INT32_MAX),
-             "token file '{}': at most {} tokens per file, found {}", path, INT32_MAX,
-             tokens.size());
-  header[2] = int32_t(tokens.size());
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
-  MT_CHECK_T(IoError, f != nullptr, "cannot open token file '{}' for writing: {}", path,
+TokenWidth token_width_for(int64_t vocab_size) {
+  return vocab_size <= 65536 ? TokenWidth::kU16 : TokenWidth::kU32;
+}
+
+namespace {
+
+const char* width_name(TokenWidth w) { return w == TokenWidth::kU16 ? "uint16" : "uint32"; }
+
+// DataError for the first id the width cannot store; `first` = position of tokens[0] in the file.
+void check_fits(const std::string& path, TokenWidth w, std::span<const int32_t> tokens,
+                int64_t first) {
+  const int64_t max = w == TokenWidth::kU16 ? 65535 : INT32_MAX;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    MT_CHECK_T(DataError, tokens[i] >= 0 && tokens[i] <= max,
+               "token file '{}': version {} stores {} tokens, found token id {} at position {}{}",
+               path, w == TokenWidth::kU16 ? kTokenFileVersion : kTokenFileVersionU32,
+               width_name(w), tokens[i], first + int64_t(i),
+               w == TokenWidth::kU16 && tokens[i] > max
+                   ? " (ids past 65,535 need llm.c's uint32 format, version 7)"
+                   : "");
+}
+
+}  // namespace
+
+TokenFileWriter::TokenFileWriter(const std::string& path, TokenWidth width)
+    : path_(path), width_(width) {
+  f_ = std::fopen(path.c_str(), "wb");
+  MT_CHECK_T(IoError, f_ != nullptr, "cannot open token file '{}' for writing: {}", path,
              std::strerror(errno));
-  bool ok = std::fwrite(header, sizeof(header), 1, f.get()) == 1;
-  if (!body.empty()) ok = ok && std::fwrite(body.data(), 2, body.size(), f.get()) == body.size();
-  ok = std::fflush(f.get()) == 0 && ok;
-  MT_CHECK_T(IoError, ok, "error while writing token file '{}': {}", path, std::strerror(errno));
+  int32_t header[kTokenFileHeaderInts] = {};  // the count is written by close()
+  MT_CHECK_T(IoError, std::fwrite(header, sizeof(header), 1, f_) == 1,
+             "error while writing token file '{}': {}", path, std::strerror(errno));
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (f_) std::fclose(f_);
+}
+
+void TokenFileWriter::append(std::span<const int32_t> tokens) {
+  MT_CHECK_T(IoError, f_ != nullptr, "token file '{}' is already closed", path_);
+  check_fits(path_, width_, tokens, count_);
+  // The count field is int32 in the format; larger data needs several files.
+  MT_CHECK_T(DataError, count_ + int64_t(tokens.size()) <= int64_t(INT32_MAX),
+             "token file '{}': at most {} tokens per file, found {}", path_, INT32_MAX,
+             count_ + int64_t(tokens.size()));
+  const size_t w = size_t(width_);
+  buf_.resize(tokens.size() * w);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (width_ == TokenWidth::kU16) {
+      const uint16_t v = uint16_t(tokens[i]);
+      std::memcpy(buf_.data() + i * w, &v, w);
+    } else {
+      const uint32_t v = uint32_t(tokens[i]);
+      std::memcpy(buf_.data() + i * w, &v, w);
+    }
+  }
+  MT_CHECK_T(IoError, buf_.empty() || std::fwrite(buf_.data(), 1, buf_.size(), f_) == buf_.size(),
+             "error while writing token file '{}': {}", path_, std::strerror(errno));
+  count_ += int64_t(tokens.size());
+}
+
+void TokenFileWriter::close() {
+  if (!f_) return;
+  const int32_t header[3] = {width_ == TokenWidth::kU16 ? kTokenFileMagic : kTokenFileMagicU32,
+                             width_ == TokenWidth::kU16 ? kTokenFileVersion : kTokenFileVersionU32,
+                             int32_t(count_)};
+  bool ok = std::fflush(f_) == 0 && std::fseek(f_, 0, SEEK_SET) == 0 &&
+            std::fwrite(header, sizeof(header), 1, f_) == 1;
+  ok = std::fclose(f_) == 0 && ok;
+  f_ = nullptr;
+  MT_CHECK_T(IoError, ok, "error while writing token file '{}': {}", path_, std::strerror(errno));
+}
+
+void write_token_file(const std::string& path, std::span<const int32_t> tokens, TokenWidth width) {
+  check_fits(path, width, tokens, 0);  // before the file is created
+  TokenFileWriter w(path, width);
+  w.append(tokens);
+  w.close();
 }
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
@@ -66,20 +122,23 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   map_ = m, map_bytes_ = size_t(size);
   int32_t header[3];
   std::memcpy(header, map_, sizeof(header));
-  if (header[0] != kTokenFileMagic) {
+  if (header[0] != kTokenFileMagic && header[0] != kTokenFileMagicU32) {
     release();
     MT_THROW(DataError,
-             "token file '{}': bad magic number, expected {}, found {} (not an llm.c "
-             "token file?)",
-             path, kTokenFileMagic, header[0]);
+             "token file '{}': bad magic number, expected {} (uint16 tokens) or {} (uint32 "
+             "tokens), found {} (not an llm.c token file?)",
+             path, kTokenFileMagic, kTokenFileMagicU32, header[0]);
   }
-  if (header[1] != kTokenFileVersion) {
+  width_ = header[0] == kTokenFileMagic ? TokenWidth::kU16 : TokenWidth::kU32;
+  const int32_t version = width_ == TokenWidth::kU16 ? kTokenFileVersion : kTokenFileVersionU32;
+  if (header[1] != version) {
     release();
-    MT_THROW(DataError,
-             "token file '{}': unsupported version, expected {} (uint16 tokens), found {}", path,
-             kTokenFileVersion, header[1]);
+    MT_THROW(
+        DataError,
+        "token file '{}': unsupported version, expected {} ({} tokens) with magic {}, found {}",
+        path, version, width_name(width_), header[0], header[1]);
   }
-  const int64_t expected = kTokenFileHeaderBytes + 2 * int64_t(header[2]);
+  const int64_t expected = kTokenFileHeaderBytes + int64_t(width_) * int64_t(header[2]);
   if (header[2] < 0 || expected != size) {
     release();
     MT_THROW(DataError,
@@ -88,8 +147,30 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
              path, header[2], expected, size);
   }
   num_tokens_ = header[2];
-  tokens_ =
-      reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + kTokenFileHeaderBytes);
+  tokens_ = static_cast<const char*>(map_) + kTokenFileHeaderBytes;
+}
+
+void TokenFile::read(int64_t pos, int64_t n, int32_t* out) const {
+  if (width_ == TokenWidth::kU16) {
+    const uint16_t* t = static_cast<const uint16_t*>(tokens_) + pos;
+    for (int64_t i = 0; i < n; ++i) out[i] = int32_t(t[i]);
+  } else {
+    std::memcpy(out, static_cast<const uint32_t*>(tokens_) + pos, size_t(n) * 4);
+  }
+}
+
+int64_t TokenFile::max_token() const {
+  int64_t m = -1;
+  if (width_ == TokenWidth::kU16) {
+    const uint16_t* t = static_cast<const uint16_t*>(tokens_);
+    for (int64_t i = 0; i < num_tokens_; ++i) m = std::max<int64_t>(m, t[i]);
+  } else {
+    const uint32_t* t = static_cast<const uint32_t*>(tokens_);
+    for (int64_t i = 0; i < num_tokens_; ++i) m = std::max<int64_t>(m, t[i]);
+    MT_CHECK_T(DataError, m <= INT32_MAX, "token file '{}' holds token id {}, past 2^31 - 1", path_,
+               m);
+  }
+  return m;
 }
 
 void TokenFile::release() {
@@ -104,7 +185,8 @@ TokenFile::TokenFile(TokenFile&& o) noexcept
       map_(o.map_),
       map_bytes_(o.map_bytes_),
       tokens_(o.tokens_),
-      num_tokens_(o.num_tokens_) {
+      num_tokens_(o.num_tokens_),
+      width_(o.width_) {
   o.map_ = nullptr, o.map_bytes_ = 0, o.tokens_ = nullptr, o.num_tokens_ = 0;
 }
 
@@ -112,7 +194,7 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   if (this != &o) {
     release();
     path_ = std::move(o.path_), map_ = o.map_, map_bytes_ = o.map_bytes_, tokens_ = o.tokens_;
-    num_tokens_ = o.num_tokens_;
+    num_tokens_ = o.num_tokens_, width_ = o.width_;
     o.map_ = nullptr, o.map_bytes_ = 0, o.tokens_ = nullptr, o.num_tokens_ = 0;
   }
   return *this;

@@ -12,9 +12,11 @@ int64_t resolve_vocab(const ModelOptions& o, int64_t flavor_vocab) {
   MT_CHECK_T(ConfigError, v > 0, "model {} {}: no vocabulary size (set [model] vocab_size)", o.name,
              o.flavor);
   MT_CHECK_T(ConfigError, o.tokenizer_vocab <= v,
-             "model {} {} has vocab_size {} but the tokenizer produces ids up to {} (set [model] "
+             "model {} {} has vocab_size {} but token id {} occurs in {} (set [model] "
              "vocab_size >= {})",
-             o.name, o.flavor, v, o.tokenizer_vocab - 1, o.tokenizer_vocab);
+             o.name, o.flavor, v, o.tokenizer_vocab - 1,
+             o.vocab_source.empty() ? std::string("the tokenizer") : o.vocab_source,
+             o.tokenizer_vocab);
   return v;
 }
 

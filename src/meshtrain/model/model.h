@@ -24,6 +24,7 @@ struct ModelOptions {
   std::string name;                  // "llama3" | "deepseek_v3"
   std::string flavor;                // "debugmodel", "8B", ...
   int64_t tokenizer_vocab = 0;       // vocab of the data's tokenizer
+  std::string vocab_source;          // the file whose ids set tokenizer_vocab (for errors)
   int64_t vocab_override = 0;        // [model] vocab_size (0 = flavor's or tokenizer's)
   int n_layers_override = 0;         // [model] n_layers (0 = flavor's)
   int64_t seq_len = 0;               // [training] seq_len (rope tables, YaRN condition)

@@ -3,6 +3,8 @@
 
 #include <map>
 
+#include "meshtrain/core/progress.h"
+
 namespace meshtrain {
 
 ParamStore::ParamStore(const ParallelPlan& plan, Backend& backend)
@@ -62,6 +64,9 @@ Tensor ParamStore::grad(const std::string& name) const {
 
 void ParamStore::initialize(uint64_t seed) {
   // Runs before step 1: host tensors made here for device backends are freed as it goes.
+  int64_t total = 0;
+  for (const ParamInfo& p : plan_.params()) total += p.local_shape.numel();
+  Progress progress("initialising parameters", total);
   for (const ParamInfo& p : plan_.params()) {
     Tensor dst = master(p.name);
     Tensor host = dst.device().is_cpu()
@@ -76,6 +81,7 @@ void ParamStore::initialize(uint64_t seed) {
     if (!dst.device().is_cpu())
       backend_.copy(dst.raw(), host.raw(), host.nbytes(), CopyKind::kHostToDevice,
                     backend_.stream(0));
+    progress.add(p.local_shape.numel());
   }
   backend_.synchronize();
 }

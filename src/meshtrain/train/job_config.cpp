@@ -130,6 +130,9 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("model", "vocab_size", &J::model, &ModelSection::vocab_size,
                     "Vocabulary size; 0 = the tokenizer's")
                   .at_least(0));
+  t.push_back(field("model", "hf_assets_path", &J::model, &ModelSection::hf_assets_path,
+                    "Folder with a Hugging Face tokenizer.json (and tokenizer_config.json for "
+                    "BOS/EOS) to tokenize text with; \"\" = the byte tokenizer"));
   t.push_back(field("model", "load_balance_coeff", &J::model, &ModelSection::load_balance_coeff,
                     "MoE models: expert_bias step of auxiliary-loss-free load balancing after each "
                     "optimizer step (bias += coeff * sign(mean load - load)); 0 = off")
@@ -211,10 +214,15 @@ std::vector<Binding> make_bindings() {
                     "Use deterministic algorithms even where slower"));
   t.push_back(
       field("training", "dataset", &J::training, &TrainingSection::dataset,
-            "Dataset: fortunes (fortune corpus), text (UTF-8 files), tokens (llm.c .bin files)",
-            {"fortunes", "text", "tokens"}));
+            "Dataset: fortunes (fortune corpus), text (UTF-8 files), jsonl (JSON lines, one "
+            "document per line), tokens (llm.c .bin files)",
+            {"fortunes", "text", "jsonl", "tokens"}));
   t.push_back(field("training", "dataset_path", &J::training, &TrainingSection::dataset_path,
                     "Dataset file or folder; \"\" = the dataset's default location"));
+  t.push_back(field("training", "dataset_text_field", &J::training,
+                    &TrainingSection::dataset_text_field,
+                    "jsonl dataset: the string field of each line's JSON object that holds the "
+                    "document"));
   t.push_back(field(
       "training", "mixed_precision_param", &J::training, &TrainingSection::mixed_precision_param,
       "Dtype of parameters in forward/backward; auto = bfloat16 on cuda, float32 on cpu",

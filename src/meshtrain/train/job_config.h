@@ -25,8 +25,9 @@ struct JobSection {
 struct ModelSection {
   std::string name = "llama3";  // "llama3" | "deepseek_v3"
   std::string flavor = "debugmodel";
-  int64_t n_layers = 0;    // 0 = the flavor's layer count
-  int64_t vocab_size = 0;  // 0 = the tokenizer's vocabulary size
+  int64_t n_layers = 0;        // 0 = the flavor's layer count
+  int64_t vocab_size = 0;      // 0 = the tokenizer's vocabulary size
+  std::string hf_assets_path;  // folder with tokenizer.json; "" = the byte tokenizer
   // MoE models: auxiliary-loss-free load balancing step (torchtitan's MoEArgs.load_balance_coeff,
   // a model arg there; a [model] key here so runs can turn it off). 0 = off.
   double load_balance_coeff = 1e-3;
@@ -63,8 +64,9 @@ struct TrainingSection {
   int64_t steps = 10000;
   int64_t seed = 0;  // torchtitan leaves it unset (random); meshtrain always seeds runs
   bool deterministic = false;
-  std::string dataset = "fortunes";            // "fortunes" | "text" | "tokens"
+  std::string dataset = "fortunes";            // "fortunes" | "text" | "jsonl" | "tokens"
   std::string dataset_path;                    // "" = the dataset's default location
+  std::string dataset_text_field = "text";     // jsonl: the JSON field holding a document
   std::string mixed_precision_param = "auto";  // "auto" = bfloat16 on cuda, float32 on cpu
   std::string mixed_precision_reduce = "float32";
   std::string master_dtype = "float32";  // master weights and optimizer state

@@ -21,7 +21,9 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
   MeshGroups groups(layout, rank);
   const std::string device = resolve_device(cfg.job.device);
   StepGraphOptions so;
-  so.tokenizer_vocab = make_tokenizer("byte")->vocab_size();
+  std::unique_ptr<Tokenizer> tok = load_tokenizer(cfg.model.hf_assets_path);
+  so.tokenizer_vocab = tok->vocab_size();
+  so.vocab_source = tok->source();
   so.compute_dtype = resolve_compute_dtype(cfg.training.mixed_precision_param, device);
   so.master_dtype = parse_dtype(cfg.training.master_dtype);
   so.reduce_dtype = parse_dtype(cfg.training.mixed_precision_reduce);

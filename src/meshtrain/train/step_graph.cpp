@@ -28,6 +28,7 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   mo.name = cfg.model.name;
   mo.flavor = cfg.model.flavor;
   mo.tokenizer_vocab = o.tokenizer_vocab;
+  mo.vocab_source = o.vocab_source;
   mo.vocab_override = cfg.model.vocab_size;
   mo.n_layers_override = int(cfg.model.n_layers);
   mo.seq_len = cfg.training.seq_len;

@@ -30,6 +30,7 @@ struct StepGraph {
 
 struct StepGraphOptions {
   int64_t tokenizer_vocab = 0;
+  std::string vocab_source;  // the tokenizer or token file that sets tokenizer_vocab
   DType compute_dtype = DType::kF32;
   DType master_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;

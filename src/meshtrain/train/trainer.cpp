@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "meshtrain/core/logging.h"
+#include "meshtrain/data/parallel_encode.h"
 #include "meshtrain/parallel/mesh_groups.h"
 #include "meshtrain/train/step_graph.h"
 
@@ -79,21 +80,25 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   const int dp = mesh_->size("dp"), dp_rank = mesh_->coord("dp");
 
   // Data.
-  tokenizer_ = make_tokenizer("byte");
-  DataSource source = open_data_source(cfg_.training.dataset, cfg_.training.dataset_path);
+  tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
+  DataSource source = open_data_source(cfg_.training.dataset, cfg_.training.dataset_path,
+                                       cfg_.training.dataset_text_field);
   accum_steps_ = gradient_accumulation_steps(cfg_.training, dp);
-  loader_ = std::make_unique<TokenLoader>(source, *tokenizer_, cfg_.training.seq_len,
-                                          cfg_.training.local_batch_size, dp_rank, dp, accum_steps_,
-                                          uint64_t(cfg_.training.seed));
+  loader_ = std::make_unique<TokenLoader>(
+      source, *tokenizer_, cfg_.training.seq_len, cfg_.training.local_batch_size, dp_rank, dp,
+      accum_steps_, uint64_t(cfg_.training.seed), encode_threads(0, launch_.local_world_size));
   tokens_per_step_ = cfg_.training.local_batch_size * cfg_.training.seq_len * dp * accum_steps_;
 
   // The step graph, its memory plan, and the executor.
-  StepGraphOptions so{.tokenizer_vocab = std::max<int64_t>(tokenizer_->vocab_size(),
-                                                           int64_t(loader_->max_token_id()) + 1),
-                      .compute_dtype = compute_dtype_,
-                      .master_dtype = master_dtype_,
-                      .reduce_dtype = reduce_dtype_,
-                      .overwrite_grads = accum_steps_ == 1};
+  const bool data_sets_vocab = int64_t(loader_->max_token_id()) + 1 > tokenizer_->vocab_size();
+  StepGraphOptions so{
+      .tokenizer_vocab =
+          std::max<int64_t>(tokenizer_->vocab_size(), int64_t(loader_->max_token_id()) + 1),
+      .vocab_source = data_sets_vocab ? loader_->max_token_source() : tokenizer_->source(),
+      .compute_dtype = compute_dtype_,
+      .master_dtype = master_dtype_,
+      .reduce_dtype = reduce_dtype_,
+      .overwrite_grads = accum_steps_ == 1};
   std::unique_ptr<StepGraph> sg = build_step_graph(cfg_, layout_.get(), so);
   graph_ = std::move(sg->graph);
   model_ = std::move(sg->model);
@@ -184,6 +189,7 @@ void Trainer::log_startup() const {
            human_count(counts_.active_non_embedding), counts_.flops_per_token / 1e9);
   log_info("dtypes: compute {}, master {}, reduce {}", dtype_name(compute_dtype_),
            dtype_name(master_dtype_), dtype_name(reduce_dtype_));
+  log_info("tokenizer: {}", tokenizer_->name());
   log_info("data: {}", loader_->description());
   log_info("tokens per step: {} (local batch {} × seq {} × dp {} × accumulation {})",
            tokens_per_step_, cfg_.training.local_batch_size, cfg_.training.seq_len,
