@@ -86,7 +86,7 @@ int run_plan(int argc, char** argv) {
   Args a = parse_args(argc, argv, {"--world", "--rank"});
   MT_CHECK_T(ConfigError, !a.config.empty(), "plan needs --config FILE (see configs/)");
   meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
-  int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 1;
+  int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 0;
   int rank = a.options.count("--rank") ? std::stoi(a.options["--rank"]) : 0;
   std::printf("%s", meshtrain::plan_report(cfg, world, rank).c_str());
   return 0;

@@ -9,6 +9,7 @@
 #include "meshtrain/core/logging.h"
 #include "meshtrain/parallel/mesh_groups.h"
 #include "meshtrain/train/step_graph.h"
+#include "meshtrain/train/torchtitan_assets.h"
 
 namespace meshtrain {
 
@@ -78,9 +79,14 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   services_ = std::make_unique<Services>(*backend_, *mesh_);
   const int dp = mesh_->size("dp"), dp_rank = mesh_->coord("dp");
 
-  // Data.
-  tokenizer_ = make_tokenizer("byte");
-  DataSource source = open_data_source(cfg_.training.dataset, cfg_.training.dataset_path);
+  // Data. torchtitan's test assets fall back to meshtrain's own debug inputs (notes say so).
+  const TokenizerChoice tok = choose_tokenizer(cfg_.model.hf_assets_path);
+  if (!tok.note.empty()) notes_.push_back(tok.note);
+  tokenizer_ = open_tokenizer(tok);
+  const DatasetChoice data =
+      choose_dataset("training", cfg_.training.dataset, cfg_.training.dataset_path);
+  if (!data.note.empty()) notes_.push_back(data.note);
+  DataSource source = open_dataset(data);
   accum_steps_ = gradient_accumulation_steps(cfg_.training, dp);
   loader_ = std::make_unique<TokenLoader>(source, *tokenizer_, cfg_.training.seq_len,
                                           cfg_.training.local_batch_size, dp_rank, dp, accum_steps_,
@@ -147,19 +153,28 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   if (load_elems > 0)
     host_load_ = Tensor::empty(Shape{load_elems}, plan_->info(lb.layers[0].last_load).dtype,
                                backend_->host_staging_allocator());
-  schedule_ = std::make_unique<LrSchedule>(
-      LrScheduleConfig{.lr = cfg_.optimizer.lr,
-                       .warmup_steps = cfg_.lr_scheduler.warmup_steps,
-                       .decay_ratio = cfg_.lr_scheduler.decay_ratio.value_or(-1.0),
-                       .decay_type = cfg_.lr_scheduler.decay_type,
-                       .min_lr_factor = cfg_.lr_scheduler.min_lr_factor,
-                       .training_steps = cfg_.training.steps});
+  schedule_ = std::make_unique<LrSchedule>(LrScheduleConfig{
+      .lr = cfg_.optimizer.lr,
+      .warmup_steps = cfg_.lr_scheduler.warmup_steps,
+      .decay_ratio = cfg_.lr_scheduler.decay_ratio.value_or(-1.0),
+      .decay_type = cfg_.lr_scheduler.decay_type,
+      .min_lr_factor = cfg_.lr_scheduler.min_lr_factor,
+      .training_steps =
+          cfg_.lr_scheduler.total_steps > 0 ? cfg_.lr_scheduler.total_steps : cfg_.training.steps});
 
   dump_folder_ = cfg_.job.dump_folder;
   if (rank_ == 0) {
     std::filesystem::create_directories(dump_folder_);
-    std::ofstream(std::filesystem::path(dump_folder_) / "config.toml")
-        << job_config_to_values(cfg_).to_toml();
+    const ConfigValues effective = job_config_to_values(cfg_);
+    std::ofstream(std::filesystem::path(dump_folder_) / "config.toml") << effective.to_toml();
+    if (!cfg_.job.save_config_file.empty()) {
+      const std::filesystem::path p =
+          std::filesystem::path(dump_folder_) / cfg_.job.save_config_file;
+      if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+      std::ofstream out(p);
+      MT_CHECK_T(IoError, bool(out), "[job] save_config_file: cannot write '{}'", p.string());
+      out << effective.to_json() << "\n";
+    }
   }
   metrics_ = std::make_unique<MetricsLogger>(
       rank_ == 0 && cfg_.metrics.enable_jsonl
@@ -177,6 +192,9 @@ void Trainer::log_startup() const {
   const MemoryPlan& mp = exec_->plan();
   log_info("meshtrain | device {} | world {} ({} launch)", backend_->description(), world_size_,
            launch_.launcher);
+  for (const std::string& note : cfg_.notes) log_info("config: {}", note);
+  for (const std::string& note : notes_) log_info("note: {}", note);
+  if (cfg_.job.print_config) log_info("config:\n{}", job_config_to_values(cfg_).to_toml());
   log_info("{}", mesh_->describe());
   log_info("model: {}", model_->describe());
   log_info("parameters: {} total, {} active ({} without the input embedding); {:.3g} GFLOP/token",

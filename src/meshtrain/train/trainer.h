@@ -106,6 +106,7 @@ class Trainer {
   Tensor host_load_;  // staging for moe_load(): every MoE layer's counts, back to back
   int64_t accum_steps_ = 1, tokens_per_step_ = 0, step_ = 0;
   std::string dump_folder_;
+  std::vector<std::string> notes_;  // start-up notes of the run (stand-in tokenizer, data)
 };
 
 // Resolves [job] device "auto" and the compute/master/reduce dtypes for that device, with the
