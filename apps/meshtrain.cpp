@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/backends_info.h"
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
+#include "meshtrain/core/version.h"
 #include "meshtrain/data/text_dataset.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/data/tokenizer.h"
@@ -21,19 +23,65 @@
 
 namespace {
 
-const char* kUsage =
-    "usage: meshtrain <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  train --config FILE [--nproc N] [--section.key VALUE ...]\n"
-    "        train a model; --nproc N starts N local ranks (mpirun -np N also works)\n"
-    "  plan  --config FILE [--world N] [--rank R] [--section.key VALUE ...]\n"
-    "        print parameter counts, FLOPs per token and the planned memory of a rank\n"
-    "  tokenize --input PATH --output FILE.bin [--dataset text|fortunes]\n"
-    "        write a pre-tokenized token file (byte-level tokenizer, llm.c format)\n"
-    "\n"
-    "Config keys follow torchtitan's TOML sections, e.g. --training.steps 20 or\n"
-    "--parallelism.data_parallel_shard_degree 2. See configs/ for examples.\n";
+// One entry per command: its usage line, what it does and its own options. `meshtrain --help`
+// lists them; `meshtrain <command> --help` prints one, with every config key for train and plan.
+struct Command {
+  const char* name;
+  const char* usage;
+  const char* summary;
+  const char* options;
+  bool config_keys;
+};
+const Command kCommands[] = {
+    {"train", "train --config FILE [--nproc N] [--section.key VALUE ...]",
+     "train a model; --nproc N starts N local ranks (mpirun -np N, srun, torchrun also work)",
+     "  --config FILE     TOML job config (torchtitan's sections; also --job.config_file)\n"
+     "  --nproc N         start N local ranks under mpirun\n",
+     true},
+    {"plan", "plan --config FILE [--world N] [--rank R] [--section.key VALUE ...]",
+     "print parameter counts, FLOPs per token and the planned memory of one rank (no training)",
+     "  --config FILE     TOML job config\n"
+     "  --world N         ranks of the layout (default: the smallest the degrees fit)\n"
+     "  --rank R          the rank to plan (default 0)\n",
+     true},
+    {"tokenize", "tokenize --input PATH --output FILE.bin [--dataset text|fortunes]",
+     "write a pre-tokenized token file (byte-level tokenizer, llm.c format)",
+     "  --input PATH      a UTF-8 file or folder of *.txt (fortunes: default /usr/share/games/fortunes)\n"
+     "  --output FILE     the token file to write\n"
+     "  --dataset NAME    text (default) or fortunes\n",
+     false},
+};
+
+std::string usage() {
+  std::string u = "usage: meshtrain <command> [options]   (meshtrain <command> --help for more)\n"
+                  "       meshtrain --version\n\ncommands:\n";
+  for (const Command& c : kCommands) u += fmt::format("  {}\n        {}\n", c.usage, c.summary);
+  return u +
+         "\nConfig keys follow torchtitan's TOML sections, e.g. --training.steps 20 or\n"
+         "--parallelism.data_parallel_shard_degree 2. See configs/ for examples.\n";
+}
+
+std::string command_help(const Command& c) {
+  std::string h = fmt::format("usage: meshtrain {}\n\n{}\n\noptions:\n{}", c.usage, c.summary,
+                              c.options);
+  if (c.config_keys)
+    h += "\nconfig keys (in the TOML file, or --section.key VALUE; a later override wins):\n" +
+         meshtrain::job_config_schema().help_text();
+  return h;
+}
+
+std::string version_text() {
+  std::string v = fmt::format("meshtrain {} (commit {})\nbackends:\n", meshtrain::meshtrain_version(),
+                              meshtrain::meshtrain_git_commit());
+  for (const std::string& b : meshtrain::built_in_backends()) v += "  " + b + "\n";
+  return v;
+}
+
+bool asks_for_help(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  return false;
+}
 
 struct Args {
   std::string command;
@@ -125,11 +173,26 @@ int run_tokenize(int argc, char** argv) {
 int main(int argc, char** argv) {
   std::string command = argc >= 2 ? argv[1] : "";
   try {
+    for (const Command& c : kCommands)
+      if (command == c.name && asks_for_help(argc, argv)) {
+        std::printf("%s", command_help(c).c_str());
+        return 0;
+      }
+    if (command == "--version" || command == "-V") {
+      std::printf("%s", version_text().c_str());
+      return 0;
+    }
+    if (command == "help" && argc >= 3)
+      for (const Command& c : kCommands)
+        if (std::strcmp(argv[2], c.name) == 0) {
+          std::printf("%s", command_help(c).c_str());
+          return 0;
+        }
     if (command == "train") return run_train(argc, argv);
     if (command == "plan") return run_plan(argc, argv);
     if (command == "tokenize") return run_tokenize(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      std::printf("%s", kUsage);
+      std::printf("%s", usage().c_str());
       return 0;
     }
     MT_THROW(ConfigError,
