@@ -46,15 +46,17 @@ const Command kCommands[] = {
      true},
     {"tokenize", "tokenize --input PATH --output FILE.bin [--dataset text|fortunes]",
      "write a pre-tokenized token file (byte-level tokenizer, llm.c format)",
-     "  --input PATH      a UTF-8 file or folder of *.txt (fortunes: default /usr/share/games/fortunes)\n"
+     "  --input PATH      a UTF-8 file or folder of *.txt (fortunes: default "
+     "/usr/share/games/fortunes)\n"
      "  --output FILE     the token file to write\n"
      "  --dataset NAME    text (default) or fortunes\n",
      false},
 };
 
 std::string usage() {
-  std::string u = "usage: meshtrain <command> [options]   (meshtrain <command> --help for more)\n"
-                  "       meshtrain --version\n\ncommands:\n";
+  std::string u =
+      "usage: meshtrain <command> [options]   (meshtrain <command> --help for more)\n"
+      "       meshtrain --version\n\ncommands:\n";
   for (const Command& c : kCommands) u += fmt::format("  {}\n        {}\n", c.usage, c.summary);
   return u +
          "\nConfig keys follow torchtitan's TOML sections, e.g. --training.steps 20 or\n"
@@ -62,8 +64,8 @@ std::string usage() {
 }
 
 std::string command_help(const Command& c) {
-  std::string h = fmt::format("usage: meshtrain {}\n\n{}\n\noptions:\n{}", c.usage, c.summary,
-                              c.options);
+  std::string h =
+      fmt::format("usage: meshtrain {}\n\n{}\n\noptions:\n{}", c.usage, c.summary, c.options);
   if (c.config_keys)
     h += "\nconfig keys (in the TOML file, or --section.key VALUE; a later override wins):\n" +
          meshtrain::job_config_schema().help_text();
@@ -71,8 +73,8 @@ std::string command_help(const Command& c) {
 }
 
 std::string version_text() {
-  std::string v = fmt::format("meshtrain {} (commit {})\nbackends:\n", meshtrain::meshtrain_version(),
-                              meshtrain::meshtrain_git_commit());
+  std::string v = fmt::format("meshtrain {} (commit {})\nbackends:\n",
+                              meshtrain::meshtrain_version(), meshtrain::meshtrain_git_commit());
   for (const std::string& b : meshtrain::built_in_backends()) v += "  " + b + "\n";
   return v;
 }

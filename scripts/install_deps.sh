@@ -12,6 +12,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libfmt-dev
+  libprotobuf-dev protobuf-compiler libisal-dev
   fortunes fortunes-min
 )
 missing=()
