@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/backends_info.h"
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
+#include "meshtrain/core/version.h"
 #include "meshtrain/data/tokenize_dataset.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/train/job_config.h"
@@ -20,22 +22,77 @@
 
 namespace {
 
-const char* kUsage =
-    "usage: meshtrain <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  train --config FILE [--nproc N] [--section.key VALUE ...]\n"
-    "        train a model; --nproc N starts N local ranks (mpirun -np N also works)\n"
-    "  plan  --config FILE [--world N] [--rank R] [--section.key VALUE ...]\n"
-    "        print parameter counts, FLOPs per token and the planned memory of a rank\n"
-    "  tokenize --input PATH --output FILE.bin|FOLDER [--dataset text|jsonl|fortunes]\n"
-    "           [--hf-assets FOLDER] [--text-field NAME] [--threads N] [--shard-tokens N]\n"
-    "           [--config FILE [--section.key VALUE ...]]\n"
-    "        write llm.c token files (uint16, or uint32 past 65,536 ids) with the HF tokenizer\n"
-    "        of --hf-assets / [model] hf_assets_path, else the byte tokenizer\n"
-    "\n"
-    "Config keys follow torchtitan's TOML sections, e.g. --training.steps 20 or\n"
-    "--parallelism.data_parallel_shard_degree 2. See configs/ for examples.\n";
+// One entry per command: its usage line, what it does and its own options. `meshtrain --help`
+// lists them; `meshtrain <command> --help` prints one, with every config key for train and plan.
+struct Command {
+  const char* name;
+  const char* usage;
+  const char* summary;
+  const char* options;
+  bool config_keys;
+};
+const Command kCommands[] = {
+    {"train", "train --config FILE [--nproc N] [--section.key VALUE ...]",
+     "train a model; --nproc N starts N local ranks (mpirun -np N, srun, torchrun also work)",
+     "  --config FILE     TOML job config (torchtitan's sections; also --job.config_file)\n"
+     "  --nproc N         start N local ranks under mpirun\n",
+     true},
+    {"plan", "plan --config FILE [--world N] [--rank R] [--section.key VALUE ...]",
+     "print parameter counts, FLOPs per token and the planned memory of one rank (no training)",
+     "  --config FILE     TOML job config\n"
+     "  --world N         ranks of the layout (default: the smallest the degrees fit)\n"
+     "  --rank R          the rank to plan (default 0)\n",
+     true},
+    {"tokenize",
+     "tokenize --input PATH --output FILE.bin|FOLDER [--dataset text|jsonl|fortunes] "
+     "[--hf-assets FOLDER] [--config FILE]",
+     "write llm.c token files (uint16, or uint32 past 65,536 ids) with the HF tokenizer of "
+     "--hf-assets / [model] hf_assets_path, else the byte tokenizer",
+     "  --input PATH        a UTF-8 file, a folder of *.txt, a JSON-lines file or folder "
+     "(fortunes:\n"
+     "                      default /usr/share/games/fortunes)\n"
+     "  --output PATH       the token file to write, or a folder for shards\n"
+     "  --dataset NAME      text (default), jsonl or fortunes\n"
+     "  --hf-assets FOLDER  tokenizer.json (and tokenizer_config.json) to tokenize with\n"
+     "  --text-field NAME   jsonl: the field holding each document (default text)\n"
+     "  --threads N         encoding threads (default: all cores)\n"
+     "  --shard-tokens N    tokens per output shard when --output is a folder\n"
+     "  --config FILE       take dataset, dataset_path, dataset_text_field and hf_assets_path\n"
+     "                      from a job config (--section.key overrides too)\n",
+     false},
+};
+
+std::string usage() {
+  std::string u =
+      "usage: meshtrain <command> [options]   (meshtrain <command> --help for more)\n"
+      "       meshtrain --version\n\ncommands:\n";
+  for (const Command& c : kCommands) u += fmt::format("  {}\n        {}\n", c.usage, c.summary);
+  return u +
+         "\nConfig keys follow torchtitan's TOML sections, e.g. --training.steps 20 or\n"
+         "--parallelism.data_parallel_shard_degree 2. See configs/ for examples.\n";
+}
+
+std::string command_help(const Command& c) {
+  std::string h =
+      fmt::format("usage: meshtrain {}\n\n{}\n\noptions:\n{}", c.usage, c.summary, c.options);
+  if (c.config_keys)
+    h += "\nconfig keys (in the TOML file, or --section.key VALUE; a later override wins):\n" +
+         meshtrain::job_config_schema().help_text();
+  return h;
+}
+
+std::string version_text() {
+  std::string v = fmt::format("meshtrain {} (commit {})\nbackends:\n",
+                              meshtrain::meshtrain_version(), meshtrain::meshtrain_git_commit());
+  for (const std::string& b : meshtrain::built_in_backends()) v += "  " + b + "\n";
+  return v;
+}
+
+bool asks_for_help(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  return false;
+}
 
 struct Args {
   std::string command;
@@ -88,7 +145,7 @@ int run_plan(int argc, char** argv) {
   Args a = parse_args(argc, argv, {"--world", "--rank"});
   MT_CHECK_T(ConfigError, !a.config.empty(), "plan needs --config FILE (see configs/)");
   meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
-  int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 1;
+  int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 0;
   int rank = a.options.count("--rank") ? std::stoi(a.options["--rank"]) : 0;
   std::printf("%s", meshtrain::plan_report(cfg, world, rank).c_str());
   return 0;
@@ -133,11 +190,26 @@ int run_tokenize(int argc, char** argv) {
 int main(int argc, char** argv) {
   std::string command = argc >= 2 ? argv[1] : "";
   try {
+    for (const Command& c : kCommands)
+      if (command == c.name && asks_for_help(argc, argv)) {
+        std::printf("%s", command_help(c).c_str());
+        return 0;
+      }
+    if (command == "--version" || command == "-V") {
+      std::printf("%s", version_text().c_str());
+      return 0;
+    }
+    if (command == "help" && argc >= 3)
+      for (const Command& c : kCommands)
+        if (std::strcmp(argv[2], c.name) == 0) {
+          std::printf("%s", command_help(c).c_str());
+          return 0;
+        }
     if (command == "train") return run_train(argc, argv);
     if (command == "plan") return run_plan(argc, argv);
     if (command == "tokenize") return run_tokenize(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      std::printf("%s", kUsage);
+      std::printf("%s", usage().c_str());
       return 0;
     }
     MT_THROW(ConfigError,

@@ -13,6 +13,7 @@ PKGS=(
   libopenblas-dev
   libfmt-dev
   clang-format
+  libprotobuf-dev protobuf-compiler libisal-dev
   fortunes fortunes-min
 )
 missing=()

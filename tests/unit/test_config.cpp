@@ -120,10 +120,10 @@ TEST_F(ConfigTest, NotOneOfTheChoices) {
   EXPECT_EQ(config_error([&] { parse_text(this, "[model]\nname = \"gpt\"\n"); }),
             "[model] name must be one of llama3, deepseek_v3, found \"gpt\" (test.toml line 2)");
   EXPECT_CONTAINS(config_error([&] {
-                    parse_job_config("", {"--training.dataset", "c4"});
+                    parse_job_config("", {"--training.dataset", "c5"});
                   }),
-                  "[training] dataset must be one of fortunes, text, jsonl, tokens, found \"c4\" "
-                  "(from --training.dataset)");
+                  "[training] dataset must be one of fortunes, text, jsonl, tokens, c4_test, c4, "
+                  "c4_validation, found \"c5\" (from --training.dataset)");
 }
 
 TEST_F(ConfigTest, IntegersAcceptedForFloats) {
@@ -149,18 +149,18 @@ TEST_F(ConfigTest, OverridesWinOverFileWinsOverDefault) {
 }
 
 TEST_F(ConfigTest, BooleanOverrides) {
-  auto det = [](const Args& a) { return parse_job_config("", a).training.deterministic; };
-  EXPECT_TRUE(det({"--training.deterministic"}));
-  EXPECT_TRUE(det({"--training.deterministic", "--training.steps", "3"}));
-  EXPECT_FALSE(det({"--training.deterministic", "false"}));
-  EXPECT_FALSE(det({"--training.deterministic", "0"}));
-  EXPECT_TRUE(det({"--training.deterministic", "1"}));
-  EXPECT_TRUE(det({"--training.deterministic=true"}));
-  EXPECT_FALSE(det({"--training.deterministic=False"}));
+  auto det = [](const Args& a) { return parse_job_config("", a).metrics.enable_tensorboard; };
+  EXPECT_TRUE(det({"--metrics.enable_tensorboard"}));
+  EXPECT_TRUE(det({"--metrics.enable_tensorboard", "--training.steps", "3"}));
+  EXPECT_FALSE(det({"--metrics.enable_tensorboard", "false"}));
+  EXPECT_FALSE(det({"--metrics.enable_tensorboard", "0"}));
+  EXPECT_TRUE(det({"--metrics.enable_tensorboard", "1"}));
+  EXPECT_TRUE(det({"--metrics.enable_tensorboard=true"}));
+  EXPECT_FALSE(det({"--metrics.enable_tensorboard=False"}));
   EXPECT_FALSE(parse_job_config("", {"--metrics.enable_jsonl=0"}).metrics.enable_jsonl);
   EXPECT_CONTAINS(
-      config_error([&] { det({"--training.deterministic=yes"}); }),
-      "[training] deterministic expects a boolean (true/false/1/0), found string \"yes\"");
+      config_error([&] { det({"--metrics.enable_tensorboard=yes"}); }),
+      "[metrics] enable_tensorboard expects a boolean (true/false/1/0), found string \"yes\"");
 }
 
 TEST_F(ConfigTest, OverrideErrors) {

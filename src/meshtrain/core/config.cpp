@@ -28,6 +28,7 @@ const char* key_type_name(KeyType type) {
     case KeyType::kBool: return "a boolean";
     case KeyType::kString: return "a string";
     case KeyType::kChoice: return "a string";
+    case KeyType::kList: return "a list of strings";
   }
   return "a value";
 }
@@ -61,6 +62,10 @@ KeySpec KeySpec::choice(std::string section, std::string name, std::vector<std::
   s.choices = std::move(choices);
   return s;
 }
+KeySpec KeySpec::list(std::string section, std::string name, StringList def, std::string help) {
+  return make_spec(std::move(section), std::move(name), KeyType::kList, std::move(def),
+                   std::move(help));
+}
 KeySpec& KeySpec::at_least(double v) { return min = v, *this; }
 KeySpec& KeySpec::at_most(double v) { return max = v, *this; }
 KeySpec& KeySpec::in_range(double lo, double hi) { return min = lo, max = hi, *this; }
@@ -77,6 +82,25 @@ KeySpec& KeySpec::validated_by(std::function<std::string(const std::string&)> f)
 KeySpec& KeySpec::alias(std::string old_name) {
   return aliases.push_back(std::move(old_name)), *this;
 }
+KeySpec& KeySpec::also_in(std::string other_section, std::string other_name) {
+  return section_aliases.emplace_back(std::move(other_section), std::move(other_name)), *this;
+}
+KeySpec& KeySpec::ignored(std::string text) {
+  return ignored_with([text = std::move(text)](const ConfigValue&) { return text; });
+}
+KeySpec& KeySpec::ignored_with(std::function<std::string(const ConfigValue&)> f) {
+  return disposition = Disposition::kIgnored, note = std::move(f), *this;
+}
+KeySpec& KeySpec::rejected(std::string why, std::function<bool(const ConfigValue&)> ok) {
+  disposition = Disposition::kRejected;
+  note = [why](const ConfigValue&) { return why; };
+  reject_why = std::move(why);
+  honoured = std::move(ok);
+  return *this;
+}
+KeySpec& KeySpec::honours_only(std::function<bool(const ConfigValue&)> ok, std::string why) {
+  return honoured = std::move(ok), reject_why = std::move(why), *this;
+}
 
 std::string KeySpec::full_name() const { return fmt::format("[{}] {}", section, name); }
 
@@ -90,6 +114,11 @@ std::string config_value_to_string(const ConfigValue& v) {
       std::string s = fmt::format("{}", d);  // shortest text that reads back to the same double
       if (s.find_first_of(".eE") == std::string::npos) s += ".0";
       return s;
+    }
+    std::string operator()(const StringList& l) const {
+      std::vector<std::string> parts;
+      for (const std::string& s : l) parts.push_back((*this)(s));
+      return fmt::format("[{}]", fmt::join(parts, ", "));
     }
     std::string operator()(const std::string& s) const {
       std::string out = "\"";
@@ -128,8 +157,24 @@ std::string KeySpec::accepted() const {
         r += fmt::format(" (or true = {}, false = {})", bool_true, bool_false);
       return r;
     }
+    case KeyType::kList:
+      return nested_list      ? "a list of lists of strings"
+             : list_or_string ? "a list of strings (or one comma-separated string)"
+                              : "a list of strings";
   }
   return "a value";
+}
+
+std::string KeySpec::type_text() const {
+  switch (type) {
+    case KeyType::kInt: return "int";
+    case KeyType::kFloat: return "float";
+    case KeyType::kBool: return "bool";
+    case KeyType::kString: return "str";
+    case KeyType::kChoice: return fmt::format("{}", fmt::join(choices, "|"));
+    case KeyType::kList: return nested_list ? "list[list[str]]" : "list[str]";
+  }
+  return "value";
 }
 
 // ---- Schema ---------------------------------------------------------------------------------
@@ -144,9 +189,16 @@ Schema& Schema::add(KeySpec spec) {
   } catch (const ConfigError& e) {
     MT_THROW(InternalError, "bad schema default: {}", e.message());
   }
+  MT_CHECK(spec.disposition == Disposition::kImplemented || spec.note, "{} has no note",
+           spec.full_name());
   int idx = int(keys_.size());
   std::vector<std::string> names{spec.section + "." + spec.name};
   for (const std::string& a : spec.aliases) names.push_back(spec.section + "." + a);
+  for (const auto& [sec, name] : spec.section_aliases) {
+    names.push_back(sec + "." + name);
+    if (std::find(alias_sections_.begin(), alias_sections_.end(), sec) == alias_sections_.end())
+      alias_sections_.push_back(sec);
+  }
   for (const std::string& n : names) {
     MT_CHECK(!index_.count(n), "config key {} is defined twice", n);
     index_.emplace(n, idx);
@@ -174,7 +226,37 @@ std::vector<std::string> Schema::sections() const {
 
 bool Schema::has_section(std::string_view section) const {
   return std::any_of(keys_.begin(), keys_.end(),
-                     [&](const KeySpec& k) { return k.section == section; });
+                     [&](const KeySpec& k) { return k.section == section; }) ||
+         std::find(alias_sections_.begin(), alias_sections_.end(), section) !=
+             alias_sections_.end();
+}
+
+bool Schema::has_section_prefix(std::string_view prefix) const {
+  const std::string p = std::string(prefix) + ".";
+  return std::any_of(keys_.begin(), keys_.end(),
+                     [&](const KeySpec& k) { return k.section.rfind(p, 0) == 0; });
+}
+
+std::string Schema::help_text() const {
+  std::string out;
+  for (const std::string& section : sections()) {
+    out += fmt::format("\n[{}]\n", section);
+    for (const KeySpec& k : keys_) {
+      if (k.section != section) continue;
+      std::string line = fmt::format("  --{}.{} {} (default {})", k.section, k.name, k.type_text(),
+                                     config_detail::value_text(k, k.default_value));
+      out += line + "\n      " + k.help;
+      if (k.disposition == Disposition::kIgnored)
+        out += fmt::format(" [ignored: {}]", k.note(k.default_value));
+      else if (k.disposition == Disposition::kRejected)
+        out += fmt::format(" [only the default: {}]", k.note(k.default_value));
+      for (const auto& [sec, name] : k.section_aliases)
+        out += fmt::format(" (also [{}] {})", sec, name);
+      for (const std::string& a : k.aliases) out += fmt::format(" (also {})", a);
+      out += "\n";
+    }
+  }
+  return out;
 }
 
 // ---- ConfigValues ---------------------------------------------------------------------------
@@ -237,7 +319,7 @@ std::string ConfigValues::to_toml() const {
       const KeySpec& k = schema_.keys()[i];
       if (k.section != section) continue;
       if (!k.help.empty()) out += fmt::format("# {}\n", k.help);
-      out += fmt::format("{} = {}\n", k.name, config_value_to_string(values_[i]));
+      out += fmt::format("{} = {}\n", k.name, value_text(k, values_[i]));
     }
   }
   return out;
@@ -247,17 +329,76 @@ std::string ConfigValues::to_json(int indent) const {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (size_t i = 0; i < schema_.keys().size(); ++i) {
     const KeySpec& k = schema_.keys()[i];
-    std::visit([&](const auto& v) { j[k.section][k.name] = v; }, values_[i]);
+    const StringList* l = std::get_if<StringList>(&values_[i]);
+    if (l && k.nested_list) {
+      nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+      for (const std::string& row : *l) rows.push_back(split_commas(row));
+      j[k.section][k.name] = rows;
+    } else {
+      std::visit([&](const auto& v) { j[k.section][k.name] = v; }, values_[i]);
+    }
   }
   return j.dump(indent);
+}
+
+std::vector<std::string> ConfigValues::ignored_notes() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < schema_.keys().size(); ++i) {
+    const KeySpec& k = schema_.keys()[i];
+    if (k.disposition != Disposition::kIgnored || sources_[i] == ValueSource::kDefault) continue;
+    out.push_back(fmt::format("{} = {}: {}; ignored", k.full_name(), value_text(k, values_[i]),
+                              k.note(values_[i])));
+  }
+  return out;
 }
 
 // ---- loading --------------------------------------------------------------------------------
 
 namespace {
 
-void apply_toml(ConfigValues& cfg, std::string_view text, const std::string& origin) {
+// Walks one TOML table: values are keys of `section`; sub-tables are sections of their own
+// ([training.dataloader]) or hold only sections ([quantize] around [quantize.linear.float8]).
+void apply_table(ConfigValues& cfg, const toml::table& tbl, const std::string& section,
+                 const std::string& origin, std::vector<std::string>& seen) {
   const Schema& schema = cfg.schema();
+  auto where = [&](const toml::node& n) {
+    return fmt::format(" ({} line {})", origin, n.source().begin.line);
+  };
+  for (auto&& [key, node] : tbl) {
+    std::string name(key.str());
+    if (const toml::table* sub = node.as_table()) {
+      std::string inner = section.empty() ? name : section + "." + name;
+      if (!schema.has_section(inner) && !schema.has_section_prefix(inner))
+        MT_THROW(ConfigError, "{}{}", unknown_section_message(schema, inner), where(node));
+      apply_table(cfg, *sub, inner, origin, seen);
+      continue;
+    }
+    if (section.empty()) {
+      std::string msg =
+          fmt::format("key '{}' at the top level of '{}': keys belong in a section", name, origin);
+      for (const KeySpec& k : schema.keys())
+        if (k.name == name) {
+          msg += fmt::format(" (did you mean {}?)", k.full_name());
+          break;
+        }
+      MT_THROW(ConfigError, "{}", msg);
+    }
+    if (!schema.has_section(section))
+      MT_THROW(ConfigError, "{}{}", unknown_section_message(schema, section), where(node));
+    const KeySpec* spec = schema.find(section, name);
+    if (!spec)
+      MT_THROW(ConfigError, "{}{}", unknown_key_message(schema, section, name), where(node));
+    std::string canonical = spec->section + "." + spec->name;
+    if (std::find(seen.begin(), seen.end(), canonical) != seen.end())
+      MT_THROW(ConfigError, "{} is given twice in '{}' (once under another name){}",
+               spec->full_name(), origin, where(node));
+    seen.push_back(canonical);
+    cfg.set(spec->section, spec->name, coerce(*spec, raw_from_toml(node, where(node))),
+            ValueSource::kFile);
+  }
+}
+
+void apply_toml(ConfigValues& cfg, std::string_view text, const std::string& origin) {
   toml::table root;
   try {
     root = toml::parse(text, origin);
@@ -266,39 +407,20 @@ void apply_toml(ConfigValues& cfg, std::string_view text, const std::string& ori
     MT_THROW(ConfigError, "config file '{}' line {}, column {}: TOML syntax error: {}", origin,
              b.line, b.column, e.description());
   }
-  auto where = [&](const toml::node& n) {
-    return fmt::format(" ({} line {})", origin, n.source().begin.line);
-  };
   std::vector<std::string> seen;  // canonical "section.key" given by this file, to catch aliases
-  for (auto&& [section_key, section_node] : root) {
-    std::string section(section_key.str());
-    const toml::table* tbl = section_node.as_table();
-    if (!tbl) {
-      std::string msg = fmt::format("key '{}' at the top level of '{}': keys belong in a section",
-                                    section, origin);
-      for (const KeySpec& k : schema.keys())
-        if (k.name == section) {
-          msg += fmt::format(" (did you mean {}?)", k.full_name());
-          break;
-        }
-      MT_THROW(ConfigError, "{}", msg);
-    }
-    if (!schema.has_section(section))
-      MT_THROW(ConfigError, "{}{}", unknown_section_message(schema, section), where(section_node));
-    for (auto&& [key, node] : *tbl) {
-      std::string name(key.str());
-      const KeySpec* spec = schema.find(section, name);
-      if (!spec)
-        MT_THROW(ConfigError, "{}{}", unknown_key_message(schema, section, name), where(node));
-      std::string canonical = spec->section + "." + spec->name;
-      if (std::find(seen.begin(), seen.end(), canonical) != seen.end())
-        MT_THROW(ConfigError, "{} is given twice in '{}' (once under an older name){}",
-                 spec->full_name(), origin, where(node));
-      seen.push_back(canonical);
-      cfg.set(spec->section, spec->name, coerce(*spec, raw_from_toml(node, where(node))),
-              ValueSource::kFile);
-    }
+  apply_table(cfg, root, "", origin, seen);
+}
+
+// "--quantize.linear.float8.recipe_name": the section is the longest known dotted prefix.
+std::pair<std::string, std::string> split_override(const Schema& schema, const std::string& body) {
+  for (size_t dot = body.rfind('.'); dot != std::string::npos && dot > 0;
+       dot = body.rfind('.', dot - 1)) {
+    std::string section = body.substr(0, dot);
+    if (schema.has_section(section)) return {section, body.substr(dot + 1)};
+    if (dot == 0) break;
   }
+  size_t dot = body.find('.');
+  return {body.substr(0, dot), body.substr(dot + 1)};
 }
 
 void apply_overrides(ConfigValues& cfg, const std::vector<std::string>& args) {
@@ -315,7 +437,7 @@ void apply_overrides(ConfigValues& cfg, const std::vector<std::string>& args) {
     size_t dot = body.find('.');
     if (dot == std::string::npos || dot == 0 || dot + 1 == body.size())
       MT_THROW(ConfigError, "override '{}' must name a key as --section.key", arg);
-    std::string section = body.substr(0, dot), name = body.substr(dot + 1);
+    auto [section, name] = split_override(schema, body);
     if (!schema.has_section(section))
       MT_THROW(ConfigError, "{} in override '{}'", unknown_section_message(schema, section), arg);
     const KeySpec* spec = schema.find(section, name);

@@ -1,6 +1,8 @@
 // Schema-driven TOML configuration with torchtitan-style `--section.key value` overrides.
 // Precedence: override > file > default; every value is validated against its key's spec, and
 // every error is one ConfigError line naming the key, what it accepts and what was found.
+// Each key also carries its disposition: honoured, accepted but ignored (with a note), or
+// rejected at any value but the ones meshtrain can honour.
 #pragma once
 
 #include <cstdint>
@@ -14,11 +16,19 @@
 
 namespace meshtrain {
 
-enum class KeyType { kInt, kFloat, kBool, kString, kChoice };
+enum class KeyType { kInt, kFloat, kBool, kString, kChoice, kList };
 const char* key_type_name(KeyType type);  // "an integer", "a float", ...
 
-// A stored value. kChoice keys hold their choice as a string.
-using ConfigValue = std::variant<int64_t, double, bool, std::string>;
+// A stored value. kChoice keys hold their choice as a string, kList keys a list of strings.
+using StringList = std::vector<std::string>;
+using ConfigValue = std::variant<int64_t, double, bool, std::string, StringList>;
+
+// What meshtrain does with a key (torchtitan's keys are all recognised; not all are honoured).
+enum class Disposition {
+  kImplemented,  // works as in torchtitan
+  kIgnored,      // accepted at any value; a startup note says what meshtrain does instead
+  kRejected,     // accepted only at the values meshtrain honours (the default unless told)
+};
 
 // One key of a schema. Build with the factories, refine with the chained setters:
 //   KeySpec::integer("training", "steps", 10000, "How many train steps to run").at_least(1)
@@ -42,6 +52,22 @@ struct KeySpec {
   std::function<std::string(const std::string&)> validate;
   // Older names accepted for this key (e.g. torchtitan's lr_min for min_lr_factor).
   std::vector<std::string> aliases;
+  // The same key under another section ({"debug", "seed"} for [training] seed: torchtitan moved
+  // it between v0.2 releases).
+  std::vector<std::pair<std::string, std::string>> section_aliases;
+  // kList keys: a list of lists (each inner list stored comma-joined), and whether a single
+  // string is accepted as a comma-separated list (torchtitan's `list[str] | str`).
+  bool nested_list = false;
+  bool list_or_string = false;
+
+  Disposition disposition = Disposition::kImplemented;
+  // kIgnored: what meshtrain does instead (a function of the value the user gave);
+  // kRejected: why other values cannot be honoured.
+  std::function<std::string(const ConfigValue&)> note;
+  // The values that are honoured (kRejected keys: the default too, always), and the reason
+  // others are an error.
+  std::function<bool(const ConfigValue&)> honoured;
+  std::string reject_why;
 
   static KeySpec integer(std::string section, std::string name, int64_t def, std::string help);
   static KeySpec real(std::string section, std::string name, double def, std::string help);
@@ -49,6 +75,7 @@ struct KeySpec {
   static KeySpec string(std::string section, std::string name, std::string def, std::string help);
   static KeySpec choice(std::string section, std::string name, std::vector<std::string> choices,
                         std::string def, std::string help);
+  static KeySpec list(std::string section, std::string name, StringList def, std::string help);
 
   // Chained refinements (defined in config.cpp).
   KeySpec& at_least(double v);
@@ -59,9 +86,20 @@ struct KeySpec {
   KeySpec& accepts_integers();
   KeySpec& validated_by(std::function<std::string(const std::string&)> f);
   KeySpec& alias(std::string old_name);
+  KeySpec& also_in(std::string section, std::string name);
+  KeySpec& nested() { return nested_list = true, *this; }
+  KeySpec& or_string() { return list_or_string = true, *this; }
+  // Accepted at any value, with a note on what meshtrain does instead.
+  KeySpec& ignored(std::string note);
+  KeySpec& ignored_with(std::function<std::string(const ConfigValue&)> note);
+  // Accepted only at the default (or where `honoured` says yes); else an error quoting `why`.
+  KeySpec& rejected(std::string why, std::function<bool(const ConfigValue&)> honoured = {});
+  // An honoured key some of whose values are not (activation_checkpoint mode memory_budget).
+  KeySpec& honours_only(std::function<bool(const ConfigValue&)> honoured, std::string why);
 
   std::string full_name() const;  // "[training] steps"
   std::string accepted() const;   // "an integer >= 1", "one of llama3, deepseek_v3", ...
+  std::string type_text() const;  // "int", "float", "bool", "str", "list[str]", "a|b|c"
 };
 
 class Schema {
@@ -71,12 +109,19 @@ class Schema {
   const KeySpec* find(std::string_view section, std::string_view name) const;  // aliases too
   int index_of(std::string_view section, std::string_view name) const;         // -1 if absent
   const std::vector<KeySpec>& keys() const { return keys_; }
-  std::vector<std::string> sections() const;  // in order of first appearance
-  bool has_section(std::string_view section) const;
+  std::vector<std::string> sections() const;         // in order of first appearance
+  bool has_section(std::string_view section) const;  // sections of aliases too
+  // "quantize" for [quantize.linear.float8]: a table that only holds sections.
+  bool has_section_prefix(std::string_view prefix) const;
+
+  // Every key grouped by section: name, type, default, one-line help, and for keys meshtrain
+  // does not honour, the note. The text of `meshtrain train --help`.
+  std::string help_text() const;
 
  private:
   std::vector<KeySpec> keys_;
   std::map<std::string, int, std::less<>> index_;  // "section.name" and aliases -> key index
+  std::vector<std::string> alias_sections_;        // sections that hold only aliases ([debug])
 };
 
 enum class ValueSource { kDefault, kFile, kOverride };
@@ -102,6 +147,10 @@ class ConfigValues {
   // TOML that load_config reads back to the same values; each key preceded by its help.
   std::string to_toml() const;
   std::string to_json(int indent = 2) const;  // {"section": {"key": value}}
+
+  // One line per ignored key that the file or the command line set:
+  // "[compile] enable = false: the whole step is always compiled into one graph; ignored".
+  std::vector<std::string> ignored_notes() const;
 
  private:
   int require(std::string_view section, std::string_view key) const;

@@ -48,6 +48,7 @@ std::string describe(const Raw& r) {
     case Raw::kFloat: return fmt::format("float {}", config_value_to_string(r.d));
     case Raw::kBool: return fmt::format("boolean {}", r.b ? "true" : "false");
     case Raw::kString: return fmt::format("string {}", config_value_to_string(r.s));
+    case Raw::kList: return "an array";
     case Raw::kOther: return r.s;
   }
   return "a value";
@@ -60,6 +61,9 @@ std::string describe(const Raw& r) {
   const std::string what = s.type == KeyType::kInt     ? "an integer"
                            : s.type == KeyType::kFloat ? "a number"
                                                        : s.accepted();
+  if (r.kind == Raw::kList && s.type == KeyType::kList)
+    MT_THROW(ConfigError, "{} expects {}, found an array with other elements{}", s.full_name(),
+             what, r.where);
   MT_THROW(ConfigError, "{} expects {}, found {}{}", s.full_name(), what, describe(r), r.where);
 }
 
@@ -77,8 +81,50 @@ bool is_sentinel(const KeySpec& s, double v) {
   return false;
 }
 
-ConfigValue coerce(const KeySpec& s, const Raw& r) {
+StringList split_commas(std::string_view text) {
+  StringList out;
+  if (text.empty()) return out;
+  size_t start = 0;
+  while (true) {
+    size_t comma = text.find(',', start);
+    std::string_view part =
+        text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.front())))
+      part.remove_prefix(1);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.back())))
+      part.remove_suffix(1);
+    out.emplace_back(part);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// A list of strings; nested keys hold each inner list comma-joined.
+StringList coerce_list(const KeySpec& s, const Raw& r) {
+  if (r.kind == Raw::kString && s.list_or_string && !s.nested_list) return split_commas(r.s);
+  if (r.kind != Raw::kList) type_error(s, r);
+  StringList out;
+  for (const Raw& item : r.items) {
+    if (!s.nested_list || (r.stored && item.kind == Raw::kString)) {
+      if (item.kind != Raw::kString) type_error(s, r);
+      out.push_back(item.s);
+      continue;
+    }
+    if (item.kind != Raw::kList) type_error(s, r);
+    StringList inner;
+    for (const Raw& x : item.items) {
+      if (x.kind != Raw::kString) type_error(s, r);
+      inner.push_back(x.s);
+    }
+    out.push_back(fmt::format("{}", fmt::join(inner, ",")));
+  }
+  return out;
+}
+
+ConfigValue coerce_type(const KeySpec& s, const Raw& r) {
   switch (s.type) {
+    case KeyType::kList: return coerce_list(s, r);
     case KeyType::kInt: {
       if (r.kind != Raw::kInt) type_error(s, r);
       if (!is_sentinel(s, double(r.i)))
@@ -126,6 +172,35 @@ ConfigValue coerce(const KeySpec& s, const Raw& r) {
   MT_THROW(InternalError, "unhandled key type for {}", s.full_name());
 }
 
+// Type and range first, then the disposition: a rejected key takes only the values meshtrain
+// honours, and the error says why (the note) and what the user gave.
+ConfigValue coerce(const KeySpec& s, const Raw& r) {
+  ConfigValue v = coerce_type(s, r);
+  const bool ok = s.disposition == Disposition::kRejected
+                      ? v == s.default_value || (s.honoured && s.honoured(v))
+                      : !s.honoured || s.honoured(v);
+  if (!ok)
+    MT_THROW(ConfigError, "{} = {}{} is not supported: {}", s.full_name(), value_text(s, v),
+             r.where, s.reject_why);
+  return v;
+}
+
+std::string value_text(const KeySpec& spec, const ConfigValue& v) {
+  const StringList* l = std::get_if<StringList>(&v);
+  if (!l) return config_value_to_string(v);
+  std::vector<std::string> parts;
+  for (const std::string& item : *l) {
+    if (!spec.nested_list) {
+      parts.push_back(config_value_to_string(item));
+      continue;
+    }
+    std::vector<std::string> inner;
+    for (const std::string& x : split_commas(item)) inner.push_back(config_value_to_string(x));
+    parts.push_back(fmt::format("[{}]", fmt::join(inner, ", ")));
+  }
+  return fmt::format("[{}]", fmt::join(parts, ", "));
+}
+
 Raw raw_from_value(const ConfigValue& v, std::string where) {
   Raw r;
   r.where = std::move(where);
@@ -135,7 +210,14 @@ Raw raw_from_value(const ConfigValue& v, std::string where) {
     r.kind = Raw::kFloat, r.d = *d;
   else if (auto* b = std::get_if<bool>(&v))
     r.kind = Raw::kBool, r.b = *b;
-  else
+  else if (auto* l = std::get_if<StringList>(&v)) {
+    r.kind = Raw::kList, r.stored = true;
+    for (const std::string& item : *l) {
+      Raw x;
+      x.kind = Raw::kString, x.s = item;
+      r.items.push_back(std::move(x));
+    }
+  } else
     r.kind = Raw::kString, r.s = std::get<std::string>(v);
   return r;
 }
@@ -195,6 +277,27 @@ Raw raw_from_text(const KeySpec& s, const std::string& text, std::string where) 
         if (auto b = parse_bool_text(text)) r.kind = Raw::kBool, r.b = *b;
       break;
     case KeyType::kString: break;
+    case KeyType::kList:
+      // A TOML array literal (`["model", "loss"]`, also for lists of lists), else comma-separated.
+      if (!text.empty() && text.front() == '[') {
+        try {
+          toml::table t = toml::parse("v = " + text);
+          Raw parsed = raw_from_toml(*t.get("v"), r.where);
+          return parsed;
+        } catch (const toml::parse_error&) {
+          MT_THROW(ConfigError, "{} expects a list such as [\"a\", \"b\"] or a,b; cannot read {}{}",
+                   s.full_name(), config_value_to_string(text), r.where);
+        }
+      }
+      if (!s.nested_list) {
+        r.kind = Raw::kList;
+        for (std::string& item : split_commas(text)) {
+          Raw x;
+          x.kind = Raw::kString, x.s = std::move(item);
+          r.items.push_back(std::move(x));
+        }
+      }
+      break;
   }
   return r;
 }
@@ -209,7 +312,10 @@ Raw raw_from_toml(const toml::node& n, std::string where) {
       break;
     case toml::node_type::boolean: r.kind = Raw::kBool, r.b = n.as_boolean()->get(); break;
     case toml::node_type::string: r.kind = Raw::kString, r.s = n.as_string()->get(); break;
-    case toml::node_type::array: r.s = "an array"; break;
+    case toml::node_type::array:
+      r.kind = Raw::kList;
+      for (const toml::node& item : *n.as_array()) r.items.push_back(raw_from_toml(item, r.where));
+      break;
     case toml::node_type::table: r.s = "a table"; break;
     default: r.s = "a date/time"; break;
   }

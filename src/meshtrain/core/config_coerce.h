@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "meshtrain/core/config.h"
 
@@ -18,12 +19,14 @@ namespace meshtrain::config_detail {
 
 // A value as the user wrote it, before it meets its key's spec.
 struct Raw {
-  enum Kind { kInt, kFloat, kBool, kString, kOther } kind = kOther;
+  enum Kind { kInt, kFloat, kBool, kString, kList, kOther } kind = kOther;
   int64_t i = 0;
   double d = 0;
   bool b = false;
-  std::string s;      // kString text, or the TOML type name for kOther ("array", "table")
-  std::string where;  // " (x.toml line 3)" or " (from --training.steps)"
+  std::string s;           // kString text, or the TOML type name for kOther ("a table")
+  std::vector<Raw> items;  // kList elements
+  bool stored = false;     // from a stored ConfigValue (nested lists come comma-joined)
+  std::string where;       // " (x.toml line 3)" or " (from --training.steps)"
 };
 
 // "in [1, 10]" / "one of a, b" style fragments of error messages.
@@ -40,5 +43,9 @@ Raw raw_from_toml(const toml::node& node, std::string where);
 std::string unknown_key_message(const Schema& schema, std::string_view section,
                                 std::string_view name);
 std::string unknown_section_message(const Schema& schema, std::string_view section);
+
+// A value as TOML spells it, for this key (nested lists print as lists of lists).
+std::string value_text(const KeySpec& spec, const ConfigValue& v);
+StringList split_commas(std::string_view text);
 
 }  // namespace meshtrain::config_detail

@@ -1,5 +1,7 @@
 // The job-config table: one row per TOML key binding its spec to a JobConfig field. Defaults
 // come from JobConfig{} through the same member pointers, so struct and schema cannot drift.
+// This file holds the keys meshtrain honours; job_config_compat.cpp the torchtitan keys it does
+// not.
 #include "meshtrain/train/job_config.h"
 
 #include <functional>
@@ -7,6 +9,7 @@
 #include <string>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/train/job_config_table.h"
 
 namespace meshtrain {
 
@@ -23,88 +26,40 @@ int ActivationCheckpointSection::selective_layer_interval() const {
   return selective_ac_option == "op" ? 0 : std::stoi(selective_ac_option);
 }
 
-namespace {
+namespace job_config_detail {
 
-struct Binding {
-  KeySpec spec;
-  std::function<void(JobConfig&, const ConfigValue&)> load;
-  std::function<ConfigValue(const JobConfig&)> store;
-
-  Binding& at_least(double v) {
-    spec.at_least(v);
-    return *this;
-  }
-  Binding& in_range(double lo, double hi) {
-    spec.in_range(lo, hi);
-    return *this;
-  }
-  Binding& or_sentinel(ConfigValue v, std::string meaning) {
-    spec.or_sentinel(std::move(v), std::move(meaning));
-    return *this;
-  }
-  Binding& alias(std::string a) {
-    spec.alias(std::move(a));
-    return *this;
-  }
-};
-
-// A plain field: int, int64_t, double, bool or std::string (a free string, or a choice when
-// `choices` is non-empty). The schema default is the field's value in JobConfig{}.
-template <typename Sec, typename T>
-Binding field(const char* section, const char* name, Sec JobConfig::*sec, T Sec::*member,
-              std::string help, std::vector<std::string> choices = {}) {
-  static const JobConfig defaults{};
-  const T& def = defaults.*sec.*member;
+Binding unhonoured(KeySpec spec) {
   Binding b;
-  if constexpr (std::is_same_v<T, bool>) {
-    b.spec = KeySpec::boolean(section, name, def, std::move(help));
-  } else if constexpr (std::is_integral_v<T>) {
-    b.spec = KeySpec::integer(section, name, int64_t(def), std::move(help));
-  } else if constexpr (std::is_floating_point_v<T>) {
-    b.spec = KeySpec::real(section, name, double(def), std::move(help));
-  } else {
-    static_assert(std::is_same_v<T, std::string>);
-    b.spec = choices.empty()
-                 ? KeySpec::string(section, name, def, std::move(help))
-                 : KeySpec::choice(section, name, std::move(choices), def, std::move(help));
-  }
-  std::string full = b.spec.full_name();
-  b.load = [sec, member, full](JobConfig& c, const ConfigValue& v) {
-    T& dst = c.*sec.*member;
-    if constexpr (std::is_same_v<T, bool>) {
-      dst = std::get<bool>(v);
-    } else if constexpr (std::is_integral_v<T>) {
-      int64_t i = std::get<int64_t>(v);
-      if constexpr (sizeof(T) < sizeof(int64_t))
-        if (i < int64_t(std::numeric_limits<T>::min()) ||
-            i > int64_t(std::numeric_limits<T>::max()))
-          MT_THROW(ConfigError, "{} must fit in a 32-bit integer, found {}", full, i);
-      dst = T(i);
-    } else if constexpr (std::is_floating_point_v<T>) {
-      dst = std::get<double>(v);
-    } else {
-      dst = std::get<std::string>(v);
-    }
-  };
-  b.store = [sec, member](const JobConfig& c) -> ConfigValue {
-    const T& v = c.*sec.*member;
-    if constexpr (std::is_same_v<T, bool>)
-      return v;
-    else if constexpr (std::is_integral_v<T>)
-      return int64_t(v);
-    else if constexpr (std::is_floating_point_v<T>)
-      return double(v);
+  const std::string key = spec.section + "." + spec.name;
+  const ConfigValue def = spec.default_value;
+  b.spec = std::move(spec);
+  b.load = [key, def](JobConfig& c, const ConfigValue& v) {
+    if (v != def)
+      c.unhonoured[key] = v;
     else
-      return v;
+      c.unhonoured.erase(key);
+  };
+  b.store = [key, def](const JobConfig& c) -> ConfigValue {
+    auto it = c.unhonoured.find(key);
+    return it == c.unhonoured.end() ? def : it->second;
   };
   return b;
 }
+
+}  // namespace job_config_detail
+
+namespace {
+using namespace job_config_detail;
 
 std::string check_selective_ac_option(const std::string& s) {
   bool positive_int = !s.empty() && s.size() < 10 &&
                       s.find_first_not_of("0123456789") == std::string::npos && std::stol(s) > 0;
   return s == "op" || positive_int ? ""
                                    : "\"op\" or a positive integer such as \"2\" (every 2nd layer)";
+}
+
+std::vector<std::string> dataset_names() {
+  return {"fortunes", "text", "jsonl", "tokens", "c4_test", "c4", "c4_validation"};
 }
 
 std::vector<Binding> make_bindings() {
@@ -115,6 +70,11 @@ std::vector<Binding> make_bindings() {
                     "Folder to dump job outputs (run folders, traces, metrics)"));
   t.push_back(
       field("job", "description", &J::job, &JobSection::description, "Description of the job"));
+  t.push_back(field("job", "print_config", &J::job, &JobSection::print_config,
+                    "Print the effective config (TOML) at start-up"));
+  t.push_back(
+      field("job", "save_config_file", &J::job, &JobSection::save_config_file,
+            "Also save the effective config as JSON to this file in dump_folder; \"\" = no"));
   t.push_back(
       field("job", "device", &J::job, &JobSection::device,
             "Device to train on; auto = cuda when built with CUDA and a GPU is visible, else cpu",
@@ -124,15 +84,16 @@ std::vector<Binding> make_bindings() {
                     {"llama3", "deepseek_v3"}));
   t.push_back(field("model", "flavor", &J::model, &ModelSection::flavor,
                     "Which model config (size) to train"));
+  t.push_back(field("model", "hf_assets_path", &J::model, &ModelSection::hf_assets_path,
+                    "Hugging Face assets folder with tokenizer.json (and tokenizer_config.json "
+                    "for BOS/EOS); \"\" = byte tokenizer (torchtitan's test tokenizer path "
+                    "falls back to it when absent)"));
   t.push_back(field("model", "n_layers", &J::model, &ModelSection::n_layers,
                     "Number of layers; 0 = the flavor's own (set it to cut a model for benchmarks)")
                   .at_least(0));
   t.push_back(field("model", "vocab_size", &J::model, &ModelSection::vocab_size,
                     "Vocabulary size; 0 = the tokenizer's")
                   .at_least(0));
-  t.push_back(field("model", "hf_assets_path", &J::model, &ModelSection::hf_assets_path,
-                    "Folder with a Hugging Face tokenizer.json (and tokenizer_config.json for "
-                    "BOS/EOS) to tokenize text with; \"\" = the byte tokenizer"));
   t.push_back(field("model", "load_balance_coeff", &J::model, &ModelSection::load_balance_coeff,
                     "MoE models: expert_bias step of auxiliary-loss-free load balancing after each "
                     "optimizer step (bias += coeff * sign(mean load - load)); 0 = off")
@@ -164,6 +125,11 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("lr_scheduler", "warmup_steps", &J::lr_scheduler,
                     &LRSchedulerSection::warmup_steps, "Steps of linear lr warmup")
                   .at_least(0));
+  t.push_back(field("lr_scheduler", "total_steps", &J::lr_scheduler,
+                    &LRSchedulerSection::total_steps,
+                    "Steps the schedule spans (warmup, decay_ratio); -1 = [training] steps")
+                  .at_least(1)
+                  .or_sentinel(int64_t{-1}, "[training] steps"));
   {
     // decay_ratio is optional<double>: TOML has no null, so -1 stands for "unset".
     Binding b;
@@ -209,14 +175,14 @@ std::vector<Binding> make_bindings() {
   t.push_back(
       field("training", "seed", &J::training, &TrainingSection::seed,
             "Base RNG seed for weight init and data order (default 0; runs are always seeded)")
-          .at_least(0));
-  t.push_back(field("training", "deterministic", &J::training, &TrainingSection::deterministic,
-                    "Use deterministic algorithms even where slower"));
+          .at_least(0)
+          .also_in("debug", "seed"));
   t.push_back(
       field("training", "dataset", &J::training, &TrainingSection::dataset,
             "Dataset: fortunes (fortune corpus), text (UTF-8 files), jsonl (JSON lines, one "
-            "document per line), tokens (llm.c .bin files)",
-            {"fortunes", "text", "jsonl", "tokens"}));
+            "document per line), tokens (llm.c .bin files), or torchtitan's c4_test, c4, "
+            "c4_validation (JSON lines)",
+            dataset_names()));
   t.push_back(field("training", "dataset_path", &J::training, &TrainingSection::dataset_path,
                     "Dataset file or folder; \"\" = the dataset's default location"));
   t.push_back(field("training", "dataset_text_field", &J::training,
@@ -237,6 +203,16 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("metrics", "log_freq", &J::metrics, &MetricsSection::log_freq,
                     "How often to log metrics, in steps")
                   .at_least(1));
+  t.push_back(field("metrics", "enable_tensorboard", &J::metrics,
+                    &MetricsSection::enable_tensorboard,
+                    "Write TensorBoard event files (loss, grad_norm, lr, throughput, memory, "
+                    "validation loss, expert load)"));
+  t.push_back(
+      field("metrics", "save_tb_folder", &J::metrics, &MetricsSection::save_tb_folder,
+            "TensorBoard folder inside dump_folder (a run writes <folder>/<YYYYmmdd-HHMM>)"));
+  t.push_back(field("metrics", "save_for_all_ranks", &J::metrics,
+                    &MetricsSection::save_for_all_ranks,
+                    "Every rank writes TensorBoard events (rank_<r>/), not only rank 0"));
   t.push_back(field("metrics", "enable_jsonl", &J::metrics, &MetricsSection::enable_jsonl,
                     "Write per-step metrics as JSON lines into the run folder"));
   // [parallelism]
@@ -286,9 +262,16 @@ std::vector<Binding> make_bindings() {
                     "Tensor parallel degree inside experts; 1 = disabled")
                   .at_least(1));
   // [activation_checkpoint]
-  t.push_back(field("activation_checkpoint", "mode", &J::activation_checkpoint,
-                    &ActivationCheckpointSection::mode, "Activation checkpointing",
-                    {"none", "full", "selective"}));
+  {
+    Binding b = field("activation_checkpoint", "mode", &J::activation_checkpoint,
+                      &ActivationCheckpointSection::mode, "Activation checkpointing",
+                      {"none", "full", "selective", "memory_budget"});
+    b.spec.honours_only(
+        [](const ConfigValue& v) { return std::get<std::string>(v) != "memory_budget"; },
+        "memory_budget is torch.compile's min-cut partitioner; meshtrain recomputes whole "
+        "blocks (full) or all but matmul/attention/collective outputs (selective op)");
+    t.push_back(std::move(b));
+  }
   {
     Binding b = field("activation_checkpoint", "selective_ac_option", &J::activation_checkpoint,
                       &ActivationCheckpointSection::selective_ac_option,
@@ -311,6 +294,28 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("comm", "train_timeout_seconds", &J::comm, &CommSection::train_timeout_seconds,
                     "Timeout for collectives after the first step")
                   .at_least(1));
+  // [validation]
+  t.push_back(field("validation", "enable", &J::validation, &ValidationSection::enable,
+                    "Evaluate the loss on a held-out dataset (forward only) every freq steps"));
+  t.push_back(field("validation", "dataset", &J::validation, &ValidationSection::dataset,
+                    "Held-out dataset (the same kinds as [training] dataset)", dataset_names()));
+  t.push_back(field("validation", "dataset_path", &J::validation, &ValidationSection::dataset_path,
+                    "Held-out dataset file or folder; \"\" = the dataset's default location"));
+  t.push_back(field("validation", "local_batch_size", &J::validation,
+                    &ValidationSection::local_batch_size,
+                    "Validation batch size per data-parallel rank")
+                  .at_least(1));
+  t.push_back(field("validation", "seq_len", &J::validation, &ValidationSection::seq_len,
+                    "Validation sequence length")
+                  .at_least(1));
+  t.push_back(field("validation", "freq", &J::validation, &ValidationSection::freq,
+                    "Validate after step 1 and every freq steps")
+                  .at_least(1));
+  t.push_back(field("validation", "steps", &J::validation, &ValidationSection::steps,
+                    "Batches per validation (continuing through the held-out set); -1 = all of it")
+                  .at_least(1)
+                  .or_sentinel(int64_t{-1}, "one pass over all of it"));
+  add_unhonoured_rows(t);
   return t;
 }
 
@@ -333,6 +338,7 @@ const Schema& job_config_schema() {
 JobConfig job_config_from_values(const ConfigValues& values) {
   JobConfig c;
   for (const Binding& b : bindings()) b.load(c, values.get(b.spec.section, b.spec.name));
+  c.notes = values.ignored_notes();
   return c;
 }
 

@@ -1,9 +1,12 @@
 // meshtrain's job configuration: torchtitan v0.2 TOML sections as plain structs. The defaults
 // written here are the schema's defaults: job_config.cpp builds the schema from one table that
 // binds every key to its field and reads each default from a default-constructed JobConfig.
+// Every torchtitan v0.2 key is in the table; the ones meshtrain does not honour are ignored with
+// a note or rejected off their default (job_config_compat.cpp), and keep no struct field.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,15 +22,20 @@ const char* reshard_after_forward_name(ReshardAfterForward r);
 struct JobSection {
   std::string dump_folder = "./outputs";
   std::string description = "default job";
-  std::string device = "auto";  // "auto" | "cpu" | "cuda"; the trainer resolves "auto"
+  bool print_config = false;     // rank 0 logs the effective config (TOML) at start-up
+  std::string save_config_file;  // "" = none; else JSON of the config, inside dump_folder
+  std::string device = "auto";   // "auto" | "cpu" | "cuda"; the trainer resolves "auto"
 };
 
 struct ModelSection {
   std::string name = "llama3";  // "llama3" | "deepseek_v3"
   std::string flavor = "debugmodel";
-  int64_t n_layers = 0;        // 0 = the flavor's layer count
-  int64_t vocab_size = 0;      // 0 = the tokenizer's vocabulary size
-  std::string hf_assets_path;  // folder with tokenizer.json; "" = the byte tokenizer
+  // A Hugging Face assets folder with tokenizer.json; "" = the byte tokenizer. torchtitan's
+  // test tokenizer folder (./tests/assets/tokenizer) falls back to the byte tokenizer, with a
+  // note, when absent.
+  std::string hf_assets_path;
+  int64_t n_layers = 0;    // 0 = the flavor's layer count
+  int64_t vocab_size = 0;  // 0 = the tokenizer's vocabulary size
   // MoE models: auxiliary-loss-free load balancing step (torchtitan's MoEArgs.load_balance_coeff,
   // a model arg there; a [model] key here so runs can turn it off). 0 = off.
   double load_balance_coeff = 1e-3;
@@ -49,6 +57,7 @@ struct OptimizerSection {
 
 struct LRSchedulerSection {
   int64_t warmup_steps = 200;
+  int64_t total_steps = -1;  // steps the schedule spans; -1 = [training] steps
   // Unset: decay starts right after warmup. Set: warmup-stable-decay, decaying over the last
   // `decay_ratio` of the steps. TOML spells unset as -1 (or by leaving the key out).
   std::optional<double> decay_ratio;
@@ -63,8 +72,8 @@ struct TrainingSection {
   double max_norm = 1.0;  // 0 disables gradient clipping
   int64_t steps = 10000;
   int64_t seed = 0;  // torchtitan leaves it unset (random); meshtrain always seeds runs
-  bool deterministic = false;
-  std::string dataset = "fortunes";            // "fortunes" | "text" | "jsonl" | "tokens"
+  // "fortunes" | "text" | "jsonl" | "tokens", or torchtitan's "c4_test" | "c4" | "c4_validation"
+  std::string dataset = "fortunes";
   std::string dataset_path;                    // "" = the dataset's default location
   std::string dataset_text_field = "text";     // jsonl: the JSON field holding a document
   std::string mixed_precision_param = "auto";  // "auto" = bfloat16 on cuda, float32 on cpu
@@ -74,7 +83,21 @@ struct TrainingSection {
 
 struct MetricsSection {
   int64_t log_freq = 10;
+  bool enable_tensorboard = false;
+  std::string save_tb_folder = "tb";  // <dump_folder>/<save_tb_folder>/<YYYYmmdd-HHMM>/
+  bool save_for_all_ranks = false;    // every rank writes its own rank_<r>/ events
   bool enable_jsonl = true;
+};
+
+// A held-out dataset evaluated (forward only) after every `freq`-th step and after step 1.
+struct ValidationSection {
+  bool enable = false;
+  std::string dataset = "c4_validation";
+  std::string dataset_path;  // "" = the dataset's default location
+  int64_t local_batch_size = 8;
+  int64_t seq_len = 2048;
+  int64_t freq = 10;
+  int64_t steps = -1;  // batches per validation; -1 = one pass over the whole held-out set
 };
 
 struct ParallelismSection {
@@ -116,6 +139,12 @@ struct JobConfig {
   ActivationCheckpointSection activation_checkpoint;
   ProfilingSection profiling;
   CommSection comm;
+  ValidationSection validation;
+  // Values of the keys meshtrain ignores or rejects ("section.key" -> value), set by the file or
+  // the command line; they round-trip into the effective config.
+  std::map<std::string, ConfigValue> unhonoured;
+  // Start-up notes: one per ignored key the user set, saying what meshtrain does instead.
+  std::vector<std::string> notes;
 };
 
 // The schema of every key above, with types, ranges, choices and help.

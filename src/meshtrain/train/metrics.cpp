@@ -6,6 +6,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
+#include "meshtrain/train/tensorboard.h"
 
 namespace meshtrain {
 
@@ -20,6 +21,8 @@ MetricsLogger::MetricsLogger(const std::string& jsonl_path) : path_(jsonl_path) 
 MetricsLogger::~MetricsLogger() {
   if (file_) std::fclose(file_);
 }
+
+void MetricsLogger::set_tensorboard(std::unique_ptr<TensorBoardWriter> tb) { tb_ = std::move(tb); }
 
 namespace {
 std::string with_commas(int64_t v) {
@@ -41,8 +44,35 @@ std::string MetricsLogger::format_line(const StepMetrics& m) {
       m.tflops, mfu, m.summary_suffix.empty() ? "" : "  " + m.summary_suffix);
 }
 
+std::string MetricsLogger::format_validation_line(const ValidationMetrics& v) {
+  return fmt::format(
+      "validate step: {:>2}  loss: {:7.4f}  memory: {:5.2f}GiB  tps: {}  ({} batches)", v.step,
+      v.loss, v.memory_gib, with_commas(int64_t(v.tps + 0.5)), v.batches);
+}
+
+void MetricsLogger::write_json(const std::string& line) {
+  if (!file_) return;
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+}
+
+void MetricsLogger::log_validation(const ValidationMetrics& v) {
+  log_info("{}", format_validation_line(v));
+  if (tb_)
+    tb_->add_scalars(v.step, {{"validation_metrics/loss", v.loss},
+                              {"validation_metrics/throughput(tps)", v.tps},
+                              {"validation_metrics/memory/max_active(GiB)", v.memory_gib}});
+  nlohmann::json j;
+  j["step"] = v.step;
+  j["validation_loss"] = v.loss;
+  j["validation_tps"] = v.tps;
+  j["validation_batches"] = v.batches;
+  write_json(j.dump() + "\n");
+}
+
 void MetricsLogger::log(const StepMetrics& m) {
   log_info("{}", format_line(m));
+  if (tb_) tb_->add_scalars(m.step, tensorboard_scalars(m));
   if (!file_) return;
   nlohmann::json j;
   j["step"] = m.step;
@@ -56,9 +86,7 @@ void MetricsLogger::log(const StepMetrics& m) {
   j["step_time_s"] = m.step_time_s;
   for (const auto& [k, v] : m.extra) j[k] = v;
   // nlohmann prints doubles with the shortest representation that round-trips (full precision).
-  std::string line = j.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), file_);
-  std::fflush(file_);
+  write_json(j.dump() + "\n");
 }
 
 }  // namespace meshtrain

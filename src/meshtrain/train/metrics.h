@@ -1,10 +1,12 @@
-// Per-step metrics: torchtitan's log line on rank 0 every log_freq steps, and one JSON object per
-// logged step appended to <dump_folder>/metrics.jsonl (full float precision, so runs compare).
+// Per-step metrics: torchtitan's log line on rank 0 every log_freq steps, one JSON object per
+// logged step appended to <dump_folder>/metrics.jsonl (full float precision, so runs compare),
+// and, when enabled, the same figures as TensorBoard scalars.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,17 @@ struct StepMetrics {
   std::string summary_suffix;  // appended to the log line (e.g. a one-line expert-load summary)
 };
 
+// A validation pass: the mean token loss over its batches, and its throughput.
+struct ValidationMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double tps = 0;  // tokens per second per device
+  int64_t batches = 0;
+  double memory_gib = 0;
+};
+
+class TensorBoardWriter;
+
 class MetricsLogger {
  public:
   // `jsonl_path` empty: no file. Only rank 0 should construct one with a path.
@@ -34,13 +47,23 @@ class MetricsLogger {
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
 
+  // Events go to `tb` too (on every rank that has one).
+  void set_tensorboard(std::unique_ptr<TensorBoardWriter> tb);
+  const TensorBoardWriter* tensorboard() const { return tb_.get(); }
+
   void log(const StepMetrics& m);
+  // "validate step:  5  loss:  4.1234  memory: ...": the line, a JSON line with validation_loss,
+  // and the validation_metrics/ scalars.
+  void log_validation(const ValidationMetrics& v);
   static std::string format_line(const StepMetrics& m);
+  static std::string format_validation_line(const ValidationMetrics& v);
   const std::string& path() const { return path_; }
 
  private:
+  void write_json(const std::string& line);
   std::string path_;
   std::FILE* file_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tb_;
 };
 
 }  // namespace meshtrain

@@ -1,11 +1,14 @@
 // plan_report: the same build_step_graph the trainer uses, over a virtual mesh layout.
 #include "meshtrain/train/plan_report.h"
 
+#include <algorithm>
+
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/graph/memory_plan.h"
 #include "meshtrain/model/counting.h"
 #include "meshtrain/parallel/mesh_groups.h"
 #include "meshtrain/train/step_graph.h"
+#include "meshtrain/train/torchtitan_assets.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
@@ -13,7 +16,26 @@ namespace {
 std::string gib(int64_t b) { return fmt::format("{:8.3f} GiB", double(b) / double(1ull << 30)); }
 }  // namespace
 
+int smallest_world(const JobConfig& cfg) {
+  ParallelDims d = parallel_dims_of(cfg, 1);
+  const int fixed = d.dp_replicate * std::max(d.dp_shard, 1) * d.cp * d.tp;
+  // dp_shard -1 grows in steps of the fixed degrees until expert parallelism divides it; the
+  // first world that validates is the answer (else the fixed product's own error is reported).
+  const int tries = d.dp_shard == -1 ? std::max(d.ep, 1) * std::max(d.etp, 1) : 1;
+  for (int k = 1; k <= tries; ++k) {
+    ParallelDims t = parallel_dims_of(cfg, fixed * k);
+    try {
+      t.validate();
+      return fixed * k;
+    } catch (const ConfigError&) {
+    }
+  }
+  return fixed;
+}
+
 std::string plan_report(const JobConfig& cfg, int world, int rank) {
+  const bool chosen = world == 0;
+  if (chosen) world = smallest_world(cfg);
   MT_CHECK_T(ConfigError, world >= 1 && rank >= 0 && rank < world,
              "plan: --rank {} must be in [0, --world {})", rank, world);
   ParallelDims dims = parallel_dims_of(cfg, world);
@@ -21,7 +43,8 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
   MeshGroups groups(layout, rank);
   const std::string device = resolve_device(cfg.job.device);
   StepGraphOptions so;
-  std::unique_ptr<Tokenizer> tok = load_tokenizer(cfg.model.hf_assets_path);
+  const TokenizerChoice tok_choice = choose_tokenizer(cfg.model.hf_assets_path, true);
+  std::unique_ptr<Tokenizer> tok = open_tokenizer(tok_choice);
   so.tokenizer_vocab = tok->vocab_size();
   so.vocab_source = tok->source();
   so.compute_dtype = resolve_compute_dtype(cfg.training.mixed_precision_param, device);
@@ -33,13 +56,16 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
   const int64_t moments = 2 * mp.parameter_bytes;  // AdamW exp_avg and exp_avg_sq, like masters
 
   std::string r;
+  for (const std::string& note : cfg.notes) r += fmt::format("config:      {}\n", note);
+  if (!tok_choice.note.empty()) r += fmt::format("tokenizer:   {}\n", tok_choice.note);
   r += fmt::format("model:       {}\n", sg->model->describe());
   r += fmt::format("parameters:  {} total ({}), {} active ({:.2f}B without the input embedding)\n",
                    human_count(double(c.total_params)), c.total_params,
                    human_count(c.active_params), c.active_non_embedding / 1e9);
   r += fmt::format("flops/token: {:.4g} (training, 6 × active non-embedding params + attention)\n",
                    c.flops_per_token);
-  r += fmt::format("layout:      {} | rank {} of {}\n", layout.dims().to_string(), rank, world);
+  r += fmt::format("layout:      {} | rank {} of {}{}\n", layout.dims().to_string(), rank, world,
+                   chosen ? " (the smallest world these degrees fit; --world N for another)" : "");
   r += fmt::format("batch:       local {} × seq {} on {} ({} compute, {} master)\n",
                    cfg.training.local_batch_size, cfg.training.seq_len, device,
                    dtype_name(so.compute_dtype), dtype_name(so.master_dtype));

@@ -8,6 +8,9 @@
 
 namespace meshtrain {
 
+// world_size 0: the smallest world the [parallelism] degrees fit (expert_parallel_degree 8 with
+// the other degrees at 1 needs 8 ranks).
 std::string plan_report(const JobConfig& cfg, int world_size, int rank);
+int smallest_world(const JobConfig& cfg);
 
 }  // namespace meshtrain

@@ -21,8 +21,13 @@ ParallelDims parallel_dims_of(const JobConfig& cfg, int world) {
   return d;
 }
 
-std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLayout* layout,
-                                            const StepGraphOptions& o) {
+namespace {
+
+// Model, plan, inputs and the forward up to the loss accumulator: what the training and the
+// validation graphs share. `local_batch` x `seq_len` is one micro-batch of this rank.
+std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout* layout,
+                                         const StepGraphOptions& o, int64_t local_batch,
+                                         int64_t seq_len) {
   auto sg = std::make_unique<StepGraph>();
   ModelOptions mo;
   mo.name = cfg.model.name;
@@ -31,7 +36,7 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   mo.vocab_source = o.vocab_source;
   mo.vocab_override = cfg.model.vocab_size;
   mo.n_layers_override = int(cfg.model.n_layers);
-  mo.seq_len = cfg.training.seq_len;
+  mo.seq_len = seq_len;
   mo.load_balance_coeff = cfg.model.load_balance_coeff;
   mo.moe_top_k = cfg.model.moe_top_k;
   mo.router_zero_init = cfg.model.router_zero_init;
@@ -40,8 +45,8 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
                                                        .compute_dtype = o.compute_dtype,
                                                        .reduce_dtype = o.reduce_dtype},
                                             layout);
-  sg->local_batch = cfg.training.local_batch_size;
-  sg->seq_len = cfg.training.seq_len;
+  sg->local_batch = local_batch;
+  sg->seq_len = seq_len;
 
   Graph& g = sg->graph;
   Builder b(g);
@@ -53,7 +58,25 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   sg->loss = sg->model->build(b, *sg->plan, in);
   sg->loss_sum = b.persistent("loss_sum", b.meta(sg->loss), ValueRole::kState);
   ops::accumulate(b, sg->loss_sum, sg->loss);
+  return sg;
+}
 
+}  // namespace
+
+std::unique_ptr<StepGraph> build_forward_graph(const JobConfig& cfg, const GroupLayout* layout,
+                                               const StepGraphOptions& o, int64_t local_batch,
+                                               int64_t seq_len) {
+  std::unique_ptr<StepGraph> sg = build_forward(cfg, layout, o, local_batch, seq_len);
+  eliminate_dead_nodes(sg->graph);
+  sg->streams = assign_streams(sg->graph);
+  return sg;
+}
+
+std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLayout* layout,
+                                            const StepGraphOptions& o) {
+  std::unique_ptr<StepGraph> sg =
+      build_forward(cfg, layout, o, cfg.training.local_batch_size, cfg.training.seq_len);
+  Graph& g = sg->graph;
   GradientMap grads = differentiate(g, sg->loss, sg->plan->trainable_masters());
   Builder bb(g, NodePhase::kBackward);
   sg->plan->attach_gradients(bb, grads, o.overwrite_grads);

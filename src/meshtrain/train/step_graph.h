@@ -45,4 +45,11 @@ ParallelDims parallel_dims_of(const JobConfig& cfg, int world);
 std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLayout* layout,
                                             const StepGraphOptions& options);
 
+// The same model's forward and loss only (no backward, no gradients, no recompute passes), on
+// micro-batches of `local_batch` x `seq_len`: the validation graph. Its parameters have the
+// training graph's names and shapes, so an executor can bind it to the same master tensors.
+std::unique_ptr<StepGraph> build_forward_graph(const JobConfig& cfg, const GroupLayout* layout,
+                                               const StepGraphOptions& options, int64_t local_batch,
+                                               int64_t seq_len);
+
 }  // namespace meshtrain

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
@@ -10,6 +11,9 @@
 #include "meshtrain/data/parallel_encode.h"
 #include "meshtrain/parallel/mesh_groups.h"
 #include "meshtrain/train/step_graph.h"
+#include "meshtrain/train/tensorboard.h"
+#include "meshtrain/train/torchtitan_assets.h"
+#include "meshtrain/train/validator.h"
 
 namespace meshtrain {
 
@@ -79,10 +83,14 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   services_ = std::make_unique<Services>(*backend_, *mesh_);
   const int dp = mesh_->size("dp"), dp_rank = mesh_->coord("dp");
 
-  // Data.
-  tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
-  DataSource source = open_data_source(cfg_.training.dataset, cfg_.training.dataset_path,
-                                       cfg_.training.dataset_text_field);
+  // Data. torchtitan's test assets fall back to meshtrain's own debug inputs (notes say so).
+  const TokenizerChoice tok = choose_tokenizer(cfg_.model.hf_assets_path);
+  if (!tok.note.empty()) notes_.push_back(tok.note);
+  tokenizer_ = open_tokenizer(tok);
+  const DatasetChoice data =
+      choose_dataset("training", cfg_.training.dataset, cfg_.training.dataset_path);
+  if (!data.note.empty()) notes_.push_back(data.note);
+  DataSource source = open_dataset(data, cfg_.training.dataset_text_field);
   accum_steps_ = gradient_accumulation_steps(cfg_.training, dp);
   loader_ = std::make_unique<TokenLoader>(
       source, *tokenizer_, cfg_.training.seq_len, cfg_.training.local_batch_size, dp_rank, dp,
@@ -152,26 +160,49 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   if (load_elems > 0)
     host_load_ = Tensor::empty(Shape{load_elems}, plan_->info(lb.layers[0].last_load).dtype,
                                backend_->host_staging_allocator());
-  schedule_ = std::make_unique<LrSchedule>(
-      LrScheduleConfig{.lr = cfg_.optimizer.lr,
-                       .warmup_steps = cfg_.lr_scheduler.warmup_steps,
-                       .decay_ratio = cfg_.lr_scheduler.decay_ratio.value_or(-1.0),
-                       .decay_type = cfg_.lr_scheduler.decay_type,
-                       .min_lr_factor = cfg_.lr_scheduler.min_lr_factor,
-                       .training_steps = cfg_.training.steps});
+  schedule_ = std::make_unique<LrSchedule>(LrScheduleConfig{
+      .lr = cfg_.optimizer.lr,
+      .warmup_steps = cfg_.lr_scheduler.warmup_steps,
+      .decay_ratio = cfg_.lr_scheduler.decay_ratio.value_or(-1.0),
+      .decay_type = cfg_.lr_scheduler.decay_type,
+      .min_lr_factor = cfg_.lr_scheduler.min_lr_factor,
+      .training_steps =
+          cfg_.lr_scheduler.total_steps > 0 ? cfg_.lr_scheduler.total_steps : cfg_.training.steps});
 
   dump_folder_ = cfg_.job.dump_folder;
   if (rank_ == 0) {
     std::filesystem::create_directories(dump_folder_);
-    std::ofstream(std::filesystem::path(dump_folder_) / "config.toml")
-        << job_config_to_values(cfg_).to_toml();
+    const ConfigValues effective = job_config_to_values(cfg_);
+    std::ofstream(std::filesystem::path(dump_folder_) / "config.toml") << effective.to_toml();
+    if (!cfg_.job.save_config_file.empty()) {
+      const std::filesystem::path p =
+          std::filesystem::path(dump_folder_) / cfg_.job.save_config_file;
+      if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+      std::ofstream out(p);
+      MT_CHECK_T(IoError, bool(out), "[job] save_config_file: cannot write '{}'", p.string());
+      out << effective.to_json() << "\n";
+    }
   }
   metrics_ = std::make_unique<MetricsLogger>(
       rank_ == 0 && cfg_.metrics.enable_jsonl
           ? (std::filesystem::path(dump_folder_) / "metrics.jsonl").string()
           : std::string());
+  if (cfg_.metrics.enable_tensorboard && (rank_ == 0 || cfg_.metrics.save_for_all_ranks)) {
+    // Each rank stamps its own folder with the local minute, as torchtitan does.
+    const std::time_t t = std::time(nullptr);
+    char stamp[32];
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M", std::localtime(&t));
+    metrics_->set_tensorboard(std::make_unique<TensorBoardWriter>(tensorboard_folder(
+        dump_folder_, cfg_.metrics.save_tb_folder, stamp, rank_, cfg_.metrics.save_for_all_ranks)));
+  }
   if (cfg_.profiling.enable_profiling)
     profiler_ = std::make_unique<Profiler>(*backend_, *exec_, int(accum_steps_), rank_);
+  if (cfg_.validation.enable) {
+    validator_ =
+        std::make_unique<Validator>(cfg_, layout_.get(), so, *tokenizer_, *store_, *backend_,
+                                    services_.get(), mesh_->comm("world"), dp_rank, dp);
+    for (const std::string& n : validator_->notes()) notes_.push_back(n);
+  }
   sg.reset();
   log_startup();
 }
@@ -182,6 +213,9 @@ void Trainer::log_startup() const {
   const MemoryPlan& mp = exec_->plan();
   log_info("meshtrain | device {} | world {} ({} launch)", backend_->description(), world_size_,
            launch_.launcher);
+  for (const std::string& note : cfg_.notes) log_info("config: {}", note);
+  for (const std::string& note : notes_) log_info("note: {}", note);
+  if (cfg_.job.print_config) log_info("config:\n{}", job_config_to_values(cfg_).to_toml());
   log_info("{}", mesh_->describe());
   log_info("model: {}", model_->describe());
   log_info("parameters: {} total, {} active ({} without the input embedding); {:.3g} GFLOP/token",
@@ -214,7 +248,10 @@ void Trainer::log_startup() const {
       cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
       cfg_.optimizer.weight_decay, cfg_.training.max_norm, cfg_.lr_scheduler.warmup_steps,
       cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor, cfg_.training.steps);
+  if (validator_) log_info("validation: {}", validator_->description());
   log_info("dump folder: {}", dump_folder_);
+  if (const TensorBoardWriter* tb = metrics_->tensorboard())
+    log_info("TensorBoard events: {}", tb->path());
 }
 
 double Trainer::read_step_loss() {
@@ -323,6 +360,27 @@ std::vector<MoeLayerLoad> Trainer::moe_load() {
   return out;
 }
 
+void Trainer::log_step(const StepRecord& r, double elapsed, int64_t steps_since) {
+  StepMetrics m;
+  m.step = r.step;
+  m.loss = r.loss;
+  m.grad_norm = r.grad_norm;
+  m.lr = r.lr;
+  m.step_time_s = elapsed / double(steps_since);
+  const int non_dp = plan_->group_size("cp") * plan_->group_size("tp");
+  double local_tokens =
+      double(cfg_.training.local_batch_size * cfg_.training.seq_len * accum_steps_ * steps_since);
+  m.tps = local_tokens / elapsed / double(non_dp);
+  m.tflops = counts_.flops_per_token * m.tps / 1e12;
+  const double peak = backend_->peak_flops(compute_dtype_);
+  m.mfu = peak > 0 ? 100.0 * counts_.flops_per_token * m.tps / peak : -1.0;
+  m.memory_gib = double(backend_->allocator().peak_bytes()) / double(1ull << 30);
+  m.memory_pct = 100.0 * double(backend_->allocator().peak_bytes()) /
+                 double(std::max<int64_t>(backend_->memory_capacity(), 1));
+  add_moe_load_metrics(moe_load(), m);
+  metrics_->log(m);
+}
+
 std::vector<StepRecord> Trainer::train() {
   std::vector<StepRecord> logged;
   const int64_t log_freq = std::max<int64_t>(1, cfg_.metrics.log_freq);
@@ -332,29 +390,19 @@ std::vector<StepRecord> Trainer::train() {
     bool log_now = (step_ + 1) % log_freq == 0 || step_ == 0 || step_ + 1 == cfg_.training.steps;
     StepRecord r = step(log_now);
     ++steps_since;
-    if (!log_now) continue;
-    double elapsed = seconds_since(t_last);
-    StepMetrics m;
-    m.step = r.step;
-    m.loss = r.loss;
-    m.grad_norm = r.grad_norm;
-    m.lr = r.lr;
-    m.step_time_s = elapsed / double(steps_since);
-    const int non_dp = plan_->group_size("cp") * plan_->group_size("tp");
-    double local_tokens =
-        double(cfg_.training.local_batch_size * cfg_.training.seq_len * accum_steps_ * steps_since);
-    m.tps = local_tokens / elapsed / double(non_dp);
-    m.tflops = counts_.flops_per_token * m.tps / 1e12;
-    const double peak = backend_->peak_flops(compute_dtype_);
-    m.mfu = peak > 0 ? 100.0 * counts_.flops_per_token * m.tps / peak : -1.0;
-    m.memory_gib = double(backend_->allocator().peak_bytes()) / double(1ull << 30);
-    m.memory_pct = 100.0 * double(backend_->allocator().peak_bytes()) /
-                   double(std::max<int64_t>(backend_->memory_capacity(), 1));
-    add_moe_load_metrics(moe_load(), m);
-    metrics_->log(m);
-    logged.push_back(r);
-    t_last = std::chrono::steady_clock::now();
-    steps_since = 0;
+    if (log_now) {
+      log_step(r, seconds_since(t_last), steps_since);
+      logged.push_back(r);
+      t_last = std::chrono::steady_clock::now();
+      steps_since = 0;
+    }
+    if (validator_ && validator_->due(r.step)) {
+      // After the optimizer step (and its log line), as torchtitan does; its time is not the
+      // training steps'.
+      const auto t_val = std::chrono::steady_clock::now();
+      metrics_->log_validation(validator_->run(r.step));
+      t_last += std::chrono::steady_clock::now() - t_val;
+    }
   }
   backend_->synchronize();
   log_info("training done: {} steps", step_);

@@ -46,6 +46,8 @@ MoeLayerLoad summarize_moe_load(const std::string& layer, std::vector<double> to
 // m.summary_suffix. Nothing for dense models.
 void add_moe_load_metrics(const std::vector<MoeLayerLoad>& loads, StepMetrics& m);
 
+class Validator;
+
 class Trainer {
  public:
   // Uses the runtime's world communicator of the device's backend (MPI for cpu, NCCL for cuda),
@@ -59,6 +61,8 @@ class Trainer {
   std::vector<StepRecord> train();
   // One optimizer step. `read_back` syncs to fetch loss and norm (logging steps).
   StepRecord step(bool read_back);
+  // The validation pass after the last step ([validation] enable), for tests.
+  Validator* validator() { return validator_.get(); }
 
   const ParallelPlan& plan() const { return *plan_; }
   const ParamStore& params() const { return *store_; }
@@ -76,6 +80,7 @@ class Trainer {
   void build_graph();
   void log_startup() const;
   double read_step_loss();
+  void log_step(const StepRecord& r, double elapsed, int64_t steps_since);
 
   JobConfig cfg_;
   LaunchInfo launch_;
@@ -95,7 +100,8 @@ class Trainer {
   std::unique_ptr<InputFeeder> feeder_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<MetricsLogger> metrics_;
-  std::unique_ptr<Profiler> profiler_;  // [profiling] enable_profiling
+  std::unique_ptr<Profiler> profiler_;    // [profiling] enable_profiling
+  std::unique_ptr<Validator> validator_;  // [validation] enable
   ModelCounts counts_;
   ReshardStats reshard_;
   CheckpointStats checkpoint_;
@@ -106,6 +112,7 @@ class Trainer {
   Tensor host_load_;  // staging for moe_load(): every MoE layer's counts, back to back
   int64_t accum_steps_ = 1, tokens_per_step_ = 0, step_ = 0;
   std::string dump_folder_;
+  std::vector<std::string> notes_;  // start-up notes of the run (stand-in tokenizer, data)
 };
 
 // Resolves [job] device "auto" and the compute/master/reduce dtypes for that device, with the
