@@ -113,17 +113,26 @@ LoadStats load_checkpoint_tensors(const std::string& dir, const CheckpointIndex&
   };
   std::vector<char> buf(size_t(4) << 20);
   Stream& stream = backend.stream(0);
-  for (const CheckpointTensor& ct : checkpoint_tensors(plan, !with_optimizer)) {
+  const std::vector<CheckpointTensor> tensors = checkpoint_tensors(plan, !with_optimizer);
+  // Device backends: one host buffer (the largest local tensor), reused by every tensor.
+  Tensor staging;
+  if (!backend.device().is_cpu()) {
+    size_t most = 8;
+    for (const CheckpointTensor& ct : tensors)
+      most = std::max(most, size_t(ct.param->local_shape.numel()) * dtype_size(ct.param->dtype));
+    staging = Tensor::empty(Shape{int64_t((most + 7) / 8)}, DType::kI64,
+                            backend.host_staging_allocator());
+  }
+  for (const CheckpointTensor& ct : tensors) {
     const ParamInfo& p = *ct.param;
     const StoredTensor& t = *ix.find(ct.name);
     const Tensor dev = !ct.optimizer                     ? store.master(p.name)
                        : ct.name == exp_avg_name(p.name) ? store.exp_avg(p.name)
                                                          : store.exp_avg_sq(p.name);
     const bool on_host = dev.device().is_cpu();
-    // Startup only: one host tensor per device tensor, freed after its copy.
-    Tensor host =
-        on_host ? dev : Tensor::empty(dev.shape(), dev.dtype(), backend.host_staging_allocator());
-    if (on_host) std::memset(host.raw(), 0, host.nbytes());  // padding reads zero
+    const Tensor host =
+        on_host ? dev : Tensor(staging.storage(), staging.byte_offset(), dev.shape(), dev.dtype());
+    std::memset(host.raw(), 0, host.nbytes());  // padding reads zero
     const Box region = real_region(p), local = shard_box(p);
     const size_t esize = dtype_size(p.dtype), fsize = file_dtype_size(t.dtype);
     const bool same = dtype_of_file(t.dtype) == p.dtype;
@@ -159,7 +168,7 @@ LoadStats load_checkpoint_tensors(const std::string& dir, const CheckpointIndex&
              dir, t.name, covered, region.volume(), region.to_string());
     if (!on_host) {
       backend.copy(dev.raw(), host.raw(), host.nbytes(), CopyKind::kHostToDevice, stream);
-      // Host wait (startup only): the staging tensor is freed when this iteration ends.
+      // Host wait (start-up only): the staging buffer is reused by the next tensor.
       stream.synchronize();
     }
   }
