@@ -131,6 +131,14 @@ TEST_F(ReshardTest, AnyLayoutLoadsAnyOther) {
   EXPECT_EQ(read_checkpoint_index(da).files.size(), 6u);
   for (const std::string& d : {da, db, d1})
     for (const ParallelDims& to : {a, b, one}) load_and_check(d, to);
+  // A whole tensor read back offline (every slice) is the seeded global tensor.
+  const ParamInfo& w2 = r1[0]->plan->info("experts.w2");
+  std::vector<double> whole(size_t(w2.global_shape.numel()));
+  EXPECT_EQ(
+      read_global_tensor(da, read_checkpoint_index(da), "experts.w2", DType::kF64, whole.data()),
+      w2.global_shape.numel() * 4);
+  const std::vector<float> want = r1[0]->store->master("experts.w2").to_vector<float>();
+  for (size_t i = 0; i < whole.size(); ++i) ASSERT_EQ(whole[i], double(want[i])) << i;
 }
 
 TEST(Boxes, IntersectionsAndRuns) {

@@ -178,4 +178,32 @@ LoadStats load_checkpoint_tensors(const std::string& dir, const CheckpointIndex&
   return st;
 }
 
+int64_t read_global_tensor(const std::string& dir, const CheckpointIndex& ix,
+                           const std::string& name, DType to, void* out) {
+  const StoredTensor* t = ix.find(name);
+  MT_CHECK_T(ValueError, t != nullptr, "checkpoint {} holds no tensor {}", dir, name);
+  MT_CHECK_T(ValueError, can_convert_from_file(t->dtype, to),
+             "checkpoint {}: tensor {} is stored as {}, which cannot be converted to {}", dir, name,
+             file_dtype_name(t->dtype), dtype_name(to));
+  const Box whole{std::vector<int64_t>(t->shape.size(), 0), t->shape};
+  const size_t esize = dtype_size(to), fsize = file_dtype_size(t->dtype);
+  int64_t bytes = 0;
+  std::vector<char> buf;
+  for (const StoredSlice& s : t->slices) {
+    if (s.box.empty()) continue;
+    const SafetensorsReader r((fs::path(dir) / s.file).string());
+    const SafetensorsEntry& e = r.at(name);
+    MT_CHECK_T(IoError, e.begin == s.begin && e.end == s.end,
+               "{}: its header and the checkpoint index disagree on tensor {}", r.path(), name);
+    for_each_run(s.box, s.box, whole.ext, whole, [&](int64_t a, int64_t b, int64_t n) {
+      buf.resize(size_t(n) * fsize);
+      r.read_range(e, a * int64_t(fsize), n * int64_t(fsize), buf.data());
+      convert_from_file(t->dtype, buf.data(), to, static_cast<char*>(out) + size_t(b) * esize, n,
+                        name);
+    });
+    bytes += r.bytes_read();
+  }
+  return bytes;
+}
+
 }  // namespace meshtrain

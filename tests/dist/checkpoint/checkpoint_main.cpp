@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../parity/param_compare.h"
+#include "../parity/parity_util.h"
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/train/trainer.h"
 
@@ -58,24 +58,7 @@ Options parse(int argc, char** argv) {
 
 JobConfig job(const Options& o, const std::vector<std::string>& layout,
               const std::vector<std::string>& extra) {
-  std::vector<std::string> all = {"--job.device",
-                                  "cpu",
-                                  "--model.flavor",
-                                  "tiny",
-                                  "--training.seq_len",
-                                  "32",
-                                  "--training.steps",
-                                  "20",
-                                  "--training.seed",
-                                  "3",
-                                  "--optimizer.lr",
-                                  "3e-3",
-                                  "--lr_scheduler.warmup_steps",
-                                  "3",
-                                  "--metrics.enable_jsonl",
-                                  "false"};
-  for (const auto* v : {&o.common, &layout, &extra}) all.insert(all.end(), v->begin(), v->end());
-  return parse_job_config("", all);
+  return testing::harness_job(20, {o.common, layout, extra});
 }
 
 std::vector<std::string> saving(const Options& o, const std::string& dump) {
@@ -91,21 +74,9 @@ std::vector<std::string> saving(const Options& o, const std::string& dump) {
           o.async ? "async" : "disabled"};
 }
 
-struct Record {
-  std::vector<double> loss, norm;
-};
-Record run(Trainer& t, int steps) {
-  Record r;
-  for (int s = 0; s < steps; ++s) {
-    StepRecord rec = t.step(true);
-    r.loss.push_back(rec.loss);
-    r.norm.push_back(rec.grad_norm);
-  }
-  t.wait_for_checkpoint();
-  return r;
-}
-
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+using Record = testing::RunResult;
+Record run(Trainer& t, int steps) { return testing::run_steps(t, steps); }
+using testing::rel;
 
 // Steps [first, first + got.size()) of `got` against the same steps of `want` (1-based labels).
 int compare(const char* what, const Record& got, const Record& want, size_t offset, int first,
@@ -113,11 +84,11 @@ int compare(const char* what, const Record& got, const Record& want, size_t offs
   int bad = 0;
   for (size_t i = 0; i < got.loss.size(); ++i) {
     const double dl = rel(got.loss[i], want.loss[i + offset]);
-    const double dn = rel(got.norm[i], want.norm[i + offset]);
+    const double dn = rel(got.grad_norm[i], want.grad_norm[i + offset]);
     std::printf(
         "%s step %2d  loss %.10f (want %.10f, rel %.2e)  grad_norm %.8f (want %.8f, rel %.2e)\n",
-        what, first + int(i), got.loss[i], want.loss[i + offset], dl, got.norm[i],
-        want.norm[i + offset], dn);
+        what, first + int(i), got.loss[i], want.loss[i + offset], dl, got.grad_norm[i],
+        want.grad_norm[i + offset], dn);
     if (!(dl <= tol) || !(dn <= tol)) ++bad;
   }
   return bad;

@@ -12,7 +12,7 @@
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/train/trainer.h"
-#include "param_compare.h"
+#include "parity_util.h"
 
 using namespace meshtrain;
 
@@ -42,44 +42,12 @@ Options parse(int argc, char** argv) {
 }
 
 JobConfig job(const Options& o, const std::vector<std::string>& extra) {
-  std::vector<std::string> all = {"--job.device",
-                                  "cpu",
-                                  "--model.flavor",
-                                  "tiny",
-                                  "--training.seq_len",
-                                  "32",
-                                  "--training.steps",
-                                  std::to_string(o.steps),
-                                  "--training.seed",
-                                  "3",
-                                  "--optimizer.lr",
-                                  "3e-3",
-                                  "--lr_scheduler.warmup_steps",
-                                  "3",
-                                  "--metrics.enable_jsonl",
-                                  "false",
-                                  "--job.dump_folder",
-                                  "/tmp/meshtrain_parity"};
-  all.insert(all.end(), o.overrides.begin(), o.overrides.end());
-  all.insert(all.end(), extra.begin(), extra.end());
-  return parse_job_config("", all);
+  return testing::harness_job(o.steps, {o.overrides, extra});
 }
 
-struct RunResult {
-  std::vector<double> loss, grad_norm;
-};
-
-RunResult run(Trainer& t, int steps) {
-  RunResult r;
-  for (int s = 0; s < steps; ++s) {
-    StepRecord rec = t.step(true);
-    r.loss.push_back(rec.loss);
-    r.grad_norm.push_back(rec.grad_norm);
-  }
-  return r;
-}
-
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+using testing::rel;
+using testing::RunResult;
+RunResult run(Trainer& t, int steps) { return testing::run_steps(t, steps); }
 
 }  // namespace
 
