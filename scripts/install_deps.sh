@@ -14,6 +14,7 @@ PKGS=(
   libfmt-dev
   clang-format
   libprotobuf-dev protobuf-compiler libisal-dev
+  zlib1g-dev
   fortunes fortunes-min
 )
 missing=()

@@ -5,7 +5,8 @@
 //     fp32 with different summation orders, so bitwise equality is not expected);
 //   - the bfloat16 run (bf16 weights and activations, fp32 master weights and moments) tracks the
 //     float32 CUDA run for 50 steps: every step's loss and the mean relative difference over the
-//     50 steps within the model's TrackingBar, and both runs' losses fall.
+//     50 steps within the model's TrackingBar, and both runs' losses fall;
+//   - a DeepSeek-V3 checkpoint saved asynchronously on the GPU resumes there and loads on the CPU.
 // The corpus is the repository's own documentation (the `text` dataset), so the test needs no
 // package that a GPU machine may lack: $MESHTRAIN_SOURCE_DIR (set by ctest), else the working
 // directory, must hold ARCHITECTURE.md.
@@ -163,6 +164,63 @@ TEST(CudaTraining, Llama3DebugBf16TracksFp32For50Steps) {
 
 TEST(CudaTraining, DeepSeekV3DebugBf16TracksFp32For50Steps) {
   expect_bf16_tracks_fp32("deepseek_v3", kDeepSeekBar);
+}
+
+std::vector<std::vector<float>> masters_of(const Trainer& t) {
+  std::vector<std::vector<float>> out;
+  for (const ParamInfo& p : t.plan().params())
+    out.push_back(t.params().master_to_host(p.name).to_vector<float>());
+  return out;
+}
+
+// Checkpoints on the GPU: an async save (pinned snapshot, background writer) restores exactly the
+// state it saved, on the GPU (the resumed steps repeat the uninterrupted run's, which is bitwise
+// repeatable by design) and on the CPU (the masters of a CUDA checkpoint load bitwise).
+TEST(CudaTraining, DeepSeekV3CheckpointResumesOnGpuAndLoadsOnCpu) {
+  const std::string root = "/tmp/meshtrain_cuda_checkpoint";
+  std::filesystem::remove_all(root);
+  const std::vector<std::string> save = {"--checkpoint.enable",
+                                         "true",
+                                         "--checkpoint.interval",
+                                         "4",
+                                         "--checkpoint.async_mode",
+                                         "async",
+                                         "--checkpoint.last_save_model_only",
+                                         "false"};
+  auto with = [&](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  std::vector<StepRecord> whole;
+  std::vector<std::vector<float>> at4;
+  {
+    Trainer t(debug_job("deepseek_v3", "cuda", 8,
+                        with(with(kBf16, save), {"--job.dump_folder", root + "/a"})),
+              runtime());
+    for (int i = 0; i < 8; ++i) {
+      whole.push_back(t.step(true));
+      if (i == 3) at4 = masters_of(t);
+    }
+    t.wait_for_checkpoint();
+  }
+  const std::string step4 = root + "/a/checkpoint/step-4";
+  Trainer gpu(debug_job("deepseek_v3", "cuda", 8,
+                        with(with(kBf16, save),
+                             {"--job.dump_folder", root + "/b", "--checkpoint.initial_load_path",
+                              step4, "--checkpoint.initial_load_model_only", "false"})),
+              runtime());
+  ASSERT_EQ(gpu.resumed().step, 4);
+  EXPECT_TRUE(masters_of(gpu) == at4) << "the masters loaded on the GPU differ from those saved";
+  for (int i = 4; i < 8; ++i) {
+    StepRecord r = gpu.step(true);
+    EXPECT_EQ(r.loss, whole[size_t(i)].loss) << "step " << i + 1;
+    EXPECT_EQ(r.grad_norm, whole[size_t(i)].grad_norm) << "step " << i + 1;
+  }
+  Trainer cpu(debug_job("deepseek_v3", "cpu", 8,
+                        with(kFp32, {"--checkpoint.enable", "true", "--job.dump_folder",
+                                     root + "/c", "--checkpoint.initial_load_path", step4})),
+              runtime());
+  EXPECT_TRUE(masters_of(cpu) == at4) << "the masters loaded on the CPU differ from those saved";
 }
 
 }  // namespace

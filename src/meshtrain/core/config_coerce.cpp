@@ -150,8 +150,16 @@ ConfigValue coerce_type(const KeySpec& s, const Raw& r) {
         text = r.s;
       else if (r.kind == Raw::kInt && s.int_as_string)
         text = fmt::format("{}", r.i);
-      else
+      else if (r.kind == Raw::kList && s.list_as_string) {
+        StringList parts;
+        for (const Raw& item : r.items) {
+          if (item.kind != Raw::kString) type_error(s, r);
+          parts.push_back(item.s);
+        }
+        text = fmt::format("{}", fmt::join(parts, ","));
+      } else {
         type_error(s, r);
+      }
       if (s.validate) {
         std::string expected = s.validate(text);
         if (!expected.empty())

@@ -214,6 +214,20 @@ void add_unhonoured_rows(std::vector<Binding>& table) {
             kMxOnly);
   r.ignored(K::list("quantize.grouped_mm.mx", "fqns", {}, "MoE modules with MX GEMMs").or_string(),
             kMxOnly);
+  // [checkpoint] (the keys meshtrain honours are in job_config.cpp)
+  r.ignored(K::boolean("checkpoint", "enable_ft_dataloader_checkpoints", true,
+                       "Data loader checkpoints for torchft replicas"),
+            kFtOnly);
+  r.ignored(K::boolean("checkpoint", "initial_load_in_hf_quantized", false,
+                       "The HF checkpoint holds quantised weights"),
+            "FP8 block-quantised Hugging Face weights are recognised by their weight_scale_inv "
+            "tensors and dequantised while loading, whatever this says");
+  r.rejected(
+      K::boolean("checkpoint", "create_seed_checkpoint", false,
+                 "Write an initial checkpoint on one rank and exit"),
+      "meshtrain initialises each shard from (seed, name, global index), so every layout "
+      "starts from the same weights without a seed checkpoint (use enable_first_step_checkpoint "
+      "for an early checkpoint)");
   // [comm]
   const char* kNoRecorder =
       "no flight recorder: a collective that exceeds the [comm] timeouts fails with an error";
