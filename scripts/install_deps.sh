@@ -12,6 +12,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libfmt-dev
+  zlib1g-dev
   fortunes fortunes-min
 )
 missing=()
