@@ -60,8 +60,7 @@ struct Reader {
     return j[k].get<std::string>();
   }
   void require(bool ok, const char* k, const std::string& what) const {
-    MT_CHECK_T(ConfigError, ok, "{}: {} = {}: {}", src, k, has(k) ? j[k].dump() : "(absent)",
-               what);
+    MT_CHECK_T(ConfigError, ok, "{}: {} = {}: {}", src, k, has(k) ? j[k].dump() : "(absent)", what);
   }
 };
 
@@ -157,8 +156,8 @@ void parse_deepseek(const Reader& r, HfModelConfig& h) {
       a.rope_factor = r.f(rs, "factor", 1.0);
       a.beta_fast = r.f(rs, "beta_fast", 32.0);
       a.beta_slow = r.f(rs, "beta_slow", 1.0);
-      a.original_seq_len =
-          int64_t(r.f(rs, "original_max_position_embeddings", double(r.i("max_position_embeddings"))));
+      a.original_seq_len = int64_t(
+          r.f(rs, "original_max_position_embeddings", double(r.i("max_position_embeddings"))));
       const double ms = r.f(rs, "mscale", 0.0), all = r.f(rs, "mscale_all_dim", 0.0);
       // HF scales cos/sin by mscale'(mscale) / mscale'(mscale_all_dim) (mscale'(1) when either is
       // absent) and the softmax by mscale'(mscale_all_dim)^2; meshtrain does the latter only.
@@ -202,7 +201,8 @@ HfModelConfig parse_hf_config(const json& j, const std::string& source) {
              "DeepseekV3ForCausalLM and DeepseekV2ForCausalLM",
              source, h.architecture);
   }
-  r.require(r.s("hidden_act", "silu") == "silu", "hidden_act", "meshtrain's FFNs are SwiGLU (silu)");
+  r.require(r.s("hidden_act", "silu") == "silu", "hidden_act",
+            "meshtrain's FFNs are SwiGLU (silu)");
   h.tie_word_embeddings = r.b("tie_word_embeddings", false);
   if (r.has("quantization_config")) {
     const json& q = j["quantization_config"];
@@ -231,8 +231,8 @@ HfModelConfig read_hf_config(const std::string& path) {
 
 std::unique_ptr<Model> create_model_from_hf(const HfModelConfig& hf, const ModelOptions& o) {
   MT_CHECK_T(ConfigError, o.name == hf.model_name,
-             "[model] name is \"{}\" but {} describes a {} ({})", o.name, hf.source,
-             hf.model_name, hf.architecture);
+             "[model] name is \"{}\" but {} describes a {} ({})", o.name, hf.source, hf.model_name,
+             hf.architecture);
   const std::string flavor = "hf:" + hf.source;
   if (hf.model_name == "llama3") {
     Llama3Args a = hf.llama;

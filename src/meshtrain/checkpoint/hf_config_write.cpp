@@ -19,9 +19,10 @@ struct Field {
 };
 
 std::string yarn_string(const DeepSeekV3Args& a) {
-  return fmt::format("yarn factor {} beta_fast {} beta_slow {} original_max_position_embeddings {} "
-                     "mscale {}",
-                     a.rope_factor, a.beta_fast, a.beta_slow, a.original_seq_len, a.mscale);
+  return fmt::format(
+      "yarn factor {} beta_fast {} beta_slow {} original_max_position_embeddings {} "
+      "mscale {}",
+      a.rope_factor, a.beta_fast, a.beta_slow, a.original_seq_len, a.mscale);
 }
 
 std::vector<Field> fields(const DeepSeekV3Args& a, int64_t seq_len, DType compute) {
@@ -46,9 +47,9 @@ std::vector<Field> fields(const DeepSeekV3Args& a, int64_t seq_len, DType comput
       {"scoring_func", m.score_func},
       {"norm_topk_prob", str(m.route_norm)},
       {"routed_scaling_factor", str(m.route_scale)},
-      {"n_group/topk_group", m.num_expert_groups > 0 ? fmt::format("{}/{}", m.num_expert_groups,
-                                                                   m.num_limited_groups)
-                                                     : std::string("no group limit")},
+      {"n_group/topk_group", m.num_expert_groups > 0
+                                 ? fmt::format("{}/{}", m.num_expert_groups, m.num_limited_groups)
+                                 : std::string("no group limit")},
       {"vocab_size", str(a.vocab_size)},
       {"rope_theta", str(a.rope_theta)},
       {"rope_scaling", yarn ? yarn_string(a) : std::string("none")},
@@ -59,10 +60,11 @@ std::vector<Field> fields(const DeepSeekV3Args& a, int64_t seq_len, DType comput
 
 std::string llama_rope_string(const Llama3Args& a) {
   if (a.rope_scaling != "llama3") return "none";
-  return fmt::format("llama3 factor {} low_freq_factor {} high_freq_factor {} "
-                     "original_max_position_embeddings {}",
-                     a.rope_scale_factor, a.rope_low_freq_factor, a.rope_high_freq_factor,
-                     a.rope_original_max_positions);
+  return fmt::format(
+      "llama3 factor {} low_freq_factor {} high_freq_factor {} "
+      "original_max_position_embeddings {}",
+      a.rope_scale_factor, a.rope_low_freq_factor, a.rope_high_freq_factor,
+      a.rope_original_max_positions);
 }
 
 std::vector<Field> fields(const Llama3Args& a) {
@@ -108,9 +110,10 @@ json llama_json(const Llama3Args& a, int64_t seq_len) {
 
 json deepseek_json(const DeepSeekV3Args& a, int64_t seq_len, DType compute, bool bias_zero) {
   const DeepSeekV3MoEArgs& m = a.moe;
-  MT_CHECK_T(ConfigError, !m.score_before_experts,
-             "deepseek_v3: experts that see score-weighted inputs (score_before_experts) have no HF "
-             "layout");
+  MT_CHECK_T(
+      ConfigError, !m.score_before_experts,
+      "deepseek_v3: experts that see score-weighted inputs (score_before_experts) have no HF "
+      "layout");
   const bool v3 = m.score_func == "sigmoid";
   json j;
   j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};
@@ -205,32 +208,36 @@ HfConfigCheck check_hf_config(const HfModelConfig& hf, const Model& model, int64
   MT_CHECK(theirs.size() == ours.size(), "config fields of {} differ in number", hf.model_name);
   for (size_t i = 0; i < ours.size(); ++i) {
     if (theirs[i].value == ours[i].value) continue;
-    std::string line = fmt::format("{}: config.json {}, meshtrain {}", ours[i].key,
-                                   theirs[i].value, ours[i].value);
+    std::string line = fmt::format("{}: config.json {}, meshtrain {}", ours[i].key, theirs[i].value,
+                                   ours[i].value);
     const bool rule = !llama && ours[i].key == "rope_scaling" && ours[i].value == "none" &&
                       !deepseek_v3_args_of(model)->yarn_apply;
     if (rule) {
-      line += fmt::format(" (HF applies YaRN at every length; meshtrain's flavor, like torchtitan, "
-                          "only when seq_len {} > original_seq_len {})",
-                          seq_len, deepseek_v3_args_of(model)->original_seq_len);
+      line += fmt::format(
+          " (HF applies YaRN at every length; meshtrain's flavor, like torchtitan, "
+          "only when seq_len {} > original_seq_len {})",
+          seq_len, deepseek_v3_args_of(model)->original_seq_len);
     }
     (ours[i].rounding_only || rule ? c.notes : c.errors).push_back(std::move(line));
   }
   if (hf.tie_word_embeddings)
-    c.notes.push_back("tie_word_embeddings: meshtrain trains lm_head untied (output.weight starts "
-                      "as a copy of embed_tokens)");
+    c.notes.push_back(
+        "tie_word_embeddings: meshtrain trains lm_head untied (output.weight starts "
+        "as a copy of embed_tokens)");
   if (hf.extra_layers > 0)
-    c.notes.push_back(fmt::format("num_nextn_predict_layers {}: the multi-token-prediction layers "
-                                  "are not loaded (meshtrain does not train them)",
-                                  hf.extra_layers));
+    c.notes.push_back(
+        fmt::format("num_nextn_predict_layers {}: the multi-token-prediction layers "
+                    "are not loaded (meshtrain does not train them)",
+                    hf.extra_layers));
   return c;
 }
 
 std::vector<std::string> require_hf_config_match(const HfModelConfig& hf, const Model& model,
                                                  int64_t seq_len, DType compute) {
   HfConfigCheck c = check_hf_config(hf, model, seq_len, compute);
-  MT_CHECK_T(ConfigError, c.errors.empty(), "{} does not describe the model meshtrain built ({}): {}",
-             hf.source, model.describe(), fmt::join(c.errors, "; "));
+  MT_CHECK_T(ConfigError, c.errors.empty(),
+             "{} does not describe the model meshtrain built ({}): {}", hf.source, model.describe(),
+             fmt::join(c.errors, "; "));
   return c.notes;
 }
 

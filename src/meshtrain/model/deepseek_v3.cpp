@@ -186,11 +186,11 @@ std::string DeepSeekV3::describe() const {
           ? fmt::format(", {} of {} groups", m.num_limited_groups, m.num_expert_groups)
           : std::string();
   const std::string yarn =
-      !a_.yarn_apply ? fmt::format("YaRN factor {:g} beyond {}", a_.rope_factor, a_.original_seq_len)
-      : *a_.yarn_apply
-          ? fmt::format("YaRN factor {:g} over {} at every length", a_.rope_factor,
-                        a_.original_seq_len)
-          : std::string("no YaRN");
+      !a_.yarn_apply
+          ? fmt::format("YaRN factor {:g} beyond {}", a_.rope_factor, a_.original_seq_len)
+      : *a_.yarn_apply ? fmt::format("YaRN factor {:g} over {} at every length", a_.rope_factor,
+                                     a_.original_seq_len)
+                       : std::string("no YaRN");
   return fmt::format(
       "deepseek_v3 {}: dim {}, {} layers ({} dense, ffn {}), {} heads, MLA (q_lora {}, kv_lora {}, "
       "qk {}+{}, v {}), MoE {} experts top-{} {}{}{}{} + {} shared, hidden {}, load_balance_coeff "

@@ -19,6 +19,7 @@
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/optim/param_store.h"
 #include "meshtrain/parallel/mesh.h"
+#include "meshtrain/train/debug_dump.h"
 #include "meshtrain/train/input_feeder.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/metrics.h"
@@ -76,6 +77,7 @@ class Trainer {
   void build_graph();
   void log_startup() const;
   double read_step_loss();
+  HfRunContext hf_context();
 
   JobConfig cfg_;
   LaunchInfo launch_;
@@ -106,6 +108,7 @@ class Trainer {
   Tensor host_load_;  // staging for moe_load(): every MoE layer's counts, back to back
   int64_t accum_steps_ = 1, tokens_per_step_ = 0, step_ = 0;
   std::string dump_folder_;
+  std::unique_ptr<DebugDump> debug_dump_;  // [debug] dump_step
 };
 
 // Resolves [job] device "auto" and the compute/master/reduce dtypes for that device, with the
