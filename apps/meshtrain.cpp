@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/hf_config.h"
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
@@ -27,8 +28,9 @@ const char* kUsage =
     "commands:\n"
     "  train --config FILE [--nproc N] [--section.key VALUE ...]\n"
     "        train a model; --nproc N starts N local ranks (mpirun -np N also works)\n"
-    "  plan  --config FILE [--world N] [--rank R] [--section.key VALUE ...]\n"
-    "        print parameter counts, FLOPs per token and the planned memory of a rank\n"
+    "  plan  --config FILE [--hf-config PATH] [--world N] [--rank R] [--section.key VALUE ...]\n"
+    "        print parameter counts, FLOPs per token and the planned memory of a rank;\n"
+    "        --hf-config sizes the model from an HF config.json (or its folder)\n"
     "  tokenize --input PATH --output FILE.bin [--dataset text|fortunes]\n"
     "        write a pre-tokenized token file (byte-level tokenizer, llm.c format)\n"
     "\n"
@@ -83,8 +85,15 @@ int run_train(int argc, char** argv) {
 }
 
 int run_plan(int argc, char** argv) {
-  Args a = parse_args(argc, argv, {"--world", "--rank"});
-  MT_CHECK_T(ConfigError, !a.config.empty(), "plan needs --config FILE (see configs/)");
+  Args a = parse_args(argc, argv, {"--world", "--rank", "--hf-config"});
+  MT_CHECK_T(ConfigError, !a.config.empty() || a.options.count("--hf-config"),
+             "plan needs --config FILE (see configs/) or --hf-config PATH");
+  if (a.options.count("--hf-config")) {
+    // The model family follows config.json's architecture; explicit overrides still win.
+    const std::string path = a.options["--hf-config"];
+    a.overrides.insert(a.overrides.begin(), {"--model.name", meshtrain::read_hf_config(path).model_name,
+                                             "--model.hf_config", path});
+  }
   meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
   int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 1;
   int rank = a.options.count("--rank") ? std::stoi(a.options["--rank"]) : 0;
