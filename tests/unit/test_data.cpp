@@ -347,6 +347,53 @@ TEST(DataLoader, StateRestoreResumesExactly) {
   EXPECT_CONTAINS(data_error([&] { b.restore(wrong); }), "micro_batch in [0, 2)");
 }
 
+// The checkpoint rule: a run resumed at a checkpoint's next_window() continues at the first
+// window no rank has read. With the same global batch on another layout (D ranks of L rows) the
+// rows are exactly the uninterrupted run's; with another global batch nothing is skipped or read
+// twice.
+TEST(DataLoader, ResumeAtTheSavedWindowOnAnyLayout) {
+  ByteTokenizer tok;
+  DataSource src = small_source();
+  const int64_t seq = 5;
+  std::vector<std::unique_ptr<TokenLoader>> saved;
+  for (int r = 0; r < 4; ++r)
+    saved.push_back(std::make_unique<TokenLoader>(src, tok, seq, 2, r, 4, 1, 3));
+  for (int t = 0; t < 3; ++t)
+    for (auto& l : saved) next_batch(*l);
+  const int64_t w = saved[0]->next_window();
+  EXPECT_EQ(w, 3 * 4 * 2);
+  for (auto& l : saved) EXPECT_EQ(l->next_window(), w);  // the same on every dp rank
+  TokenLoader whole(src, tok, seq, 8, 0, 1, 1, 3);       // the uninterrupted 1-rank run
+  for (int t = 0; t < 3; ++t) next_batch(whole);
+  std::vector<Batch> want;
+  for (int t = 0; t < 2; ++t) want.push_back(next_batch(whole));
+  for (int r = 0; r < 2; ++r) {  // dp 2 x 4 rows: the same global batch
+    TokenLoader l(src, tok, seq, 4, r, 2, 1, 3);
+    l.resume_at(3, w);
+    for (int t = 0; t < 2; ++t) {
+      Batch got = next_batch(l);
+      const size_t n = size_t(4 * seq), at = size_t(r) * n;
+      EXPECT_EQ(got.inputs, std::vector<int32_t>(want[size_t(t)].inputs.begin() + long(at),
+                                                 want[size_t(t)].inputs.begin() + long(at + n)));
+    }
+    EXPECT_EQ(l.next_window(), w + 2 * 8);
+  }
+  TokenLoader one(src, tok, seq, 8, 0, 1, 1, 3);
+  one.resume_at(3, w);
+  EXPECT_EQ(next_batch(one), want[0]);
+  // Another global batch (dp 3 x 1 row): step 7 starts at window w, step 8 right after it.
+  TokenLoader other(src, tok, seq, 1, 2, 3, 1, 3);
+  other.resume_at(7, w);
+  EXPECT_EQ(other.window_index(7, 0, 0, 0), w);
+  EXPECT_EQ(other.window_index(7, 0, 2, 0), w + 2);
+  EXPECT_EQ(other.window_index(8, 0, 0, 0), w + 3);
+  TokenLoader::State st = other.state();  // the offset survives state/restore
+  TokenLoader again(src, tok, seq, 1, 2, 3, 1, 3);
+  again.restore(st);
+  EXPECT_EQ(next_batch(again), next_batch(other));
+  EXPECT_THROW(again.resume_at(-1, 0), DataError);
+}
+
 TEST(DataLoader, NextAllocatesNothing) {
   ByteTokenizer tok;
   DataSource src = small_source();

@@ -81,7 +81,50 @@ HfLoadReport load_hf_into_store(const std::string& folder, const HfRunContext& r
     ++rep.tensors;
   }
   rep.bytes_read = hf.bytes_read();
+  rep.files = hf.files();
   return rep;
+}
+
+namespace {
+
+// Rows of every parameter this rank owns into the files of `plan` in `dir` (rank 0 creates them
+// first); every rank has synced its rows when this returns.
+void write_rows(const std::string& dir, const HfRunContext& run, const HfLayout& layout,
+                const HfShardPlan& plan, const std::vector<ParamInfo>& params, bool grads) {
+  if (run.world_rank == 0) create_hf_files(plan, dir);
+  barrier(run);  // the files exist before any rank writes rows
+  {
+    HfFileWriter w(plan, layout, dir);
+    for (const ParamInfo& p : params) {
+      if (!layout.covers(p.name) || !writes_piece(p, run.plan, run.world_rank)) continue;
+      Tensor t = grads ? run.store.grad(p.name) : run.store.master(p.name);
+      write_hf_piece(w, layout, p, to_host(t, run.backend));
+    }
+    w.sync();
+  }
+  barrier(run);  // every rank's rows are on disk
+}
+
+}  // namespace
+
+void write_hf_folder(const std::string& dir, const HfRunContext& run, FileDType dtype,
+                     int64_t max_shard_bytes) {
+  HfLayout layout(run.model, run.plan.params());
+  HfShardPlan plan = plan_hf_shards(layout, dtype, max_shard_bytes);
+  write_rows(dir, run, layout, plan, run.plan.params(), false);
+  if (run.world_rank == 0) {
+    bool bias_zero = true;
+    for (const ParamInfo& p : run.plan.params()) {
+      if (!layout.covers(p.name) || p.trainable) continue;
+      Tensor h = to_host(run.store.master(p.name), run.backend);
+      for (int64_t i = 0; i < h.numel(); ++i) bias_zero &= h.item_as_double(i) == 0.0;
+    }
+    write_hf_index(plan, layout,
+                   hf_config_json(run.model, run.seq_len, run.compute_dtype,
+                                  torch_dtype_name(dtype), bias_zero),
+                   dir);
+    sync_directory(dir);
+  }
 }
 
 void save_hf_from_store(const std::string& folder, const HfRunContext& run,
@@ -91,46 +134,24 @@ void save_hf_from_store(const std::string& folder, const HfRunContext& run,
   // "<file>.tmp" inside `folder` and renamed.
   const fs::path final_path = grads ? fs::path(folder) / o.gradients_file : fs::path(folder);
   const fs::path tmp = final_path.string() + ".tmp";
-  const fs::path dir = grads ? fs::path(folder) : tmp;
-  std::vector<ParamInfo> params;  // gradients: trainable parameters only (biases have none)
-  for (const ParamInfo& p : run.plan.params())
-    if (!grads || p.trainable) params.push_back(p);
-  HfLayout layout(run.model, params);
-  HfShardPlan plan = plan_hf_shards(
-      layout, o.dtype, grads ? std::numeric_limits<int64_t>::max() : o.max_shard_bytes);
-  if (grads) plan.files[0] = tmp.filename().string();
   if (run.world_rank == 0) {
     MT_CHECK_T(IoError, !fs::exists(final_path),
                "HF save: '{}' already exists (nothing is replaced)", final_path.string());
     if (fs::exists(tmp)) fs::remove_all(tmp);  // left by a save that died before its rename
-    fs::create_directories(dir);
-    create_hf_files(plan, dir.string());
+    fs::create_directories(grads ? fs::path(folder) : tmp);
   }
-  barrier(run);
-  {
-    HfFileWriter w(plan, layout, dir.string());
-    for (const ParamInfo& p : params) {
-      if (!layout.covers(p.name) || !writes_piece(p, run.plan, run.world_rank)) continue;
-      Tensor t = grads ? run.store.grad(p.name) : run.store.master(p.name);
-      write_hf_piece(w, layout, p, to_host(t, run.backend));
-    }
-    w.sync();
+  if (grads) {
+    std::vector<ParamInfo> params;  // trainable parameters only (expert biases have none)
+    for (const ParamInfo& p : run.plan.params())
+      if (p.trainable) params.push_back(p);
+    HfLayout layout(run.model, params);
+    HfShardPlan plan = plan_hf_shards(layout, o.dtype, std::numeric_limits<int64_t>::max());
+    plan.files[0] = tmp.filename().string();
+    write_rows(folder, run, layout, plan, params, true);
+  } else {
+    write_hf_folder(tmp.string(), run, o.dtype, o.max_shard_bytes);
   }
-  barrier(run);
   if (run.world_rank == 0) {
-    if (!grads) {
-      bool bias_zero = true;
-      for (const ParamInfo& p : run.plan.params()) {
-        if (!layout.covers(p.name) || p.trainable) continue;
-        Tensor h = to_host(run.store.master(p.name), run.backend);
-        for (int64_t i = 0; i < h.numel(); ++i) bias_zero &= h.item_as_double(i) == 0.0;
-      }
-      write_hf_index(plan, layout,
-                     hf_config_json(run.model, run.seq_len, run.compute_dtype,
-                                    torch_dtype_name(o.dtype), bias_zero),
-                     tmp.string());
-      sync_directory(tmp.string());
-    }
     rename_no_replace(tmp.string(), final_path.string());
     sync_directory(final_path.parent_path().empty() ? "." : final_path.parent_path().string());
   }

@@ -30,6 +30,7 @@ struct HfLoadReport {
   std::vector<std::string> notes;  // how config.json differs in rounding or a documented rule
   int64_t tensors = 0;             // pieces loaded on this rank
   int64_t bytes_read = 0;          // from the folder's files, on this rank
+  int files = 0;                   // safetensors files of the folder
 };
 
 // Checks config.json against the model (ConfigError with every difference that changes what is
@@ -46,6 +47,11 @@ struct HfSaveOptions {
   // kGradients: one safetensors file (gradients.safetensors by default) instead of a folder.
   std::string gradients_file = "gradients.safetensors";
 };
+
+// Writes the HF layout into the existing, empty folder `dir` (config.json, index, shards of at most
+// max_shard_bytes); the caller makes it visible. Every rank calls it.
+void write_hf_folder(const std::string& dir, const HfRunContext& run, FileDType dtype,
+                     int64_t max_shard_bytes = int64_t(5) << 30);
 
 // Writes the HF folder `folder` (weights: config.json, index, shards) or, for gradients, the file
 // `folder`/gradients_file holding the global gradient of every parameter under its HF name.

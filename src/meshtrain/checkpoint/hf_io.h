@@ -48,6 +48,7 @@ class HfFolder {
                 DType to, void* dst) const;
   // Bytes read from the folder's files so far.
   int64_t bytes_read() const;
+  int files() const { return int(files_.size()); }
 
  private:
   std::string path_;

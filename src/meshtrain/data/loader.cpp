@@ -162,7 +162,17 @@ void TokenLoader::read_stream(int64_t pos, int64_t n, int32_t* out) const {
 int64_t TokenLoader::window_index(int64_t step, int64_t micro_batch, int64_t rank,
                                   int64_t row) const {
   const int64_t rows = dp_degree_ * local_batch_;  // one micro-batch of every rank
-  return step * (accum_steps_ * rows) + micro_batch * rows + rank * local_batch_ + row;
+  return window_offset_ + step * (accum_steps_ * rows) + micro_batch * rows + rank * local_batch_ +
+         row;
+}
+
+void TokenLoader::resume_at(int64_t step, int64_t window) {
+  MT_CHECK_T(DataError, step >= 0 && window >= 0,
+             "loader resume: expected step >= 0 and window >= 0, found step {} window {}", step,
+             window);
+  window_offset_ = 0;
+  window_offset_ = window - window_index(step, 0, 0, 0);
+  step_ = step, micro_ = 0;
 }
 
 void TokenLoader::next(int32_t* inputs, int32_t* labels) {
@@ -184,7 +194,7 @@ int64_t TokenLoader::epoch_of_next_window() const {
 }
 
 TokenLoader::State TokenLoader::state() const {
-  return State{step_, micro_, epoch_of_next_window()};
+  return State{step_, micro_, epoch_of_next_window(), window_offset_};
 }
 
 void TokenLoader::restore(const State& st) {
@@ -192,12 +202,15 @@ void TokenLoader::restore(const State& st) {
              "loader state: expected step >= 0 and micro_batch in [0, {}), found step {} "
              "micro_batch {}",
              accum_steps_, st.step, st.micro_batch);
+  const int64_t saved_offset = window_offset_;
+  window_offset_ = st.window_offset;
   const int64_t epoch = window_index(st.step, st.micro_batch, dp_rank_, 0) / windows_per_epoch_;
+  window_offset_ = saved_offset;
   MT_CHECK_T(DataError, epoch == st.epoch,
              "loader state: step {} is in epoch {} of this dataset, but the saved state says "
              "epoch {} (did the dataset, seq_len or batch size change since it was saved?)",
              st.step, epoch, st.epoch);
-  step_ = st.step, micro_ = st.micro_batch;
+  step_ = st.step, micro_ = st.micro_batch, window_offset_ = st.window_offset;
 }
 
 }  // namespace meshtrain

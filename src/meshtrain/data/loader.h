@@ -1,6 +1,7 @@
 // The data-parallel, stateful token loader. The j-th window of a run (seq_len + 1 tokens, no
 // overlap) is the same whatever the rank layout: step t, micro-batch m, dp rank r, row i reads
-// window t*(A*D*L) + m*(D*L) + r*L + i, so D ranks of L rows see one rank of D*L rows, row for row.
+// window t*(A*D*L) + m*(D*L) + r*L + i (+ an offset set on resume), so D ranks of L rows see one
+// rank of D*L rows, row for row. A resumed run continues at the first window not yet read.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +29,10 @@ DataSource open_data_source(const std::string& dataset, const std::string& path)
 class TokenLoader {
  public:
   struct State {
-    int64_t step = 0;         // training steps fully consumed
-    int64_t micro_batch = 0;  // micro-batches of the current step already consumed
-    int64_t epoch = 0;        // epoch of the next window (a check when restoring)
+    int64_t step = 0;           // training steps fully consumed
+    int64_t micro_batch = 0;    // micro-batches of the current step already consumed
+    int64_t epoch = 0;          // epoch of the next window (a check when restoring)
+    int64_t window_offset = 0;  // added to every window index (set by resume_at)
   };
 
   // Text sources are tokenized here, once. accum_steps = A micro-batches per step.
@@ -44,6 +46,13 @@ class TokenLoader {
 
   State state() const;
   void restore(const State& s);  // DataError if the state cannot belong to this data/config
+
+  // The global window the next micro-batch starts at (its dp rank 0, row 0): the run's position.
+  int64_t next_window() const { return window_index(step_, micro_, 0, 0); }
+  // Resumes so that step `step`, micro-batch 0, starts at global window `window`; later steps
+  // follow this loader's layout (A, D, L). A checkpoint's next_window() resumed on any layout of
+  // the same global batch reads exactly the windows of the uninterrupted run.
+  void resume_at(int64_t step, int64_t window);
 
   int64_t tokens_per_epoch() const { return tokens_per_epoch_; }
   int64_t windows_per_epoch() const { return windows_per_epoch_; }
@@ -81,7 +90,7 @@ class TokenLoader {
   std::vector<int64_t> file_start_;
 
   std::vector<int32_t> window_;  // seq_len + 1 tokens, reused by every next()
-  int64_t step_ = 0, micro_ = 0;
+  int64_t step_ = 0, micro_ = 0, window_offset_ = 0;
 };
 
 }  // namespace meshtrain

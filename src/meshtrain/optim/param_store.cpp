@@ -46,18 +46,27 @@ Tensor ParamStore::master(const std::string& name) const {
   const ParamInfo& p = plan_.info(name);
   size_t i = size_t(&p - plan_.params().data());
   if (!p.trainable) return state_[i];
+  return view(name, &ParamGroup::master, "master");
+}
+
+Tensor ParamStore::view(const std::string& name, Tensor ParamGroup::*buffer,
+                        const char* what) const {
+  const ParamInfo& p = plan_.info(name);
+  size_t i = size_t(&p - plan_.params().data());
+  MT_CHECK(p.trainable, "{} is not trainable; it has no {}", name, what);
   const ParamGroup& g = groups_[size_t(group_of_[i])];
-  return Tensor(g.master.storage(), size_t(offset_of_[i]) * dtype_size(p.dtype), p.local_shape,
+  return Tensor((g.*buffer).storage(), size_t(offset_of_[i]) * dtype_size(p.dtype), p.local_shape,
                 p.dtype);
 }
 
 Tensor ParamStore::grad(const std::string& name) const {
-  const ParamInfo& p = plan_.info(name);
-  size_t i = size_t(&p - plan_.params().data());
-  MT_CHECK(p.trainable, "{} is not trainable; it has no gradient", name);
-  const ParamGroup& g = groups_[size_t(group_of_[i])];
-  return Tensor(g.grad.storage(), size_t(offset_of_[i]) * dtype_size(p.dtype), p.local_shape,
-                p.dtype);
+  return view(name, &ParamGroup::grad, "gradient");
+}
+Tensor ParamStore::exp_avg(const std::string& name) const {
+  return view(name, &ParamGroup::exp_avg, "exp_avg");
+}
+Tensor ParamStore::exp_avg_sq(const std::string& name) const {
+  return view(name, &ParamGroup::exp_avg_sq, "exp_avg_sq");
 }
 
 void ParamStore::initialize(uint64_t seed) {

@@ -35,12 +35,16 @@ class ParamStore {
   // Device views of one parameter's master and gradient (or a state buffer's tensor).
   Tensor master(const std::string& name) const;
   Tensor grad(const std::string& name) const;
+  // Device views of a trainable parameter's AdamW moments (checkpoints).
+  Tensor exp_avg(const std::string& name) const;
+  Tensor exp_avg_sq(const std::string& name) const;
   // Host copy of a master (tests, checkpoints).
   Tensor master_to_host(const std::string& name) const;
   int64_t trainable_numel() const;
   int64_t bytes() const;
 
  private:
+  Tensor view(const std::string& name, Tensor ParamGroup::*buffer, const char* what) const;
   const ParallelPlan& plan_;
   Backend& backend_;
   std::vector<ParamGroup> groups_;

@@ -306,6 +306,57 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("comm", "train_timeout_seconds", &J::comm, &CommSection::train_timeout_seconds,
                     "Timeout for collectives after the first step")
                   .at_least(1));
+  // [checkpoint]
+  using C = CheckpointSection;
+  t.push_back(field("checkpoint", "enable", &J::checkpoint, &C::enable,
+                    "Save checkpoints, and resume from the latest one in the folder")
+                  .alias("enable_checkpoint"));
+  t.push_back(field("checkpoint", "folder", &J::checkpoint, &C::folder,
+                    "Checkpoint folder, inside [job] dump_folder"));
+  t.push_back(field("checkpoint", "interval", &J::checkpoint, &C::interval,
+                    "Checkpointing interval, in steps")
+                  .at_least(1));
+  t.push_back(field("checkpoint", "keep_latest_k", &J::checkpoint, &C::keep_latest_k,
+                    "Keep only the latest k checkpoints (0 = all; 1 is not allowed)")
+                  .at_least(0));
+  t.push_back(field("checkpoint", "load_step", &J::checkpoint, &C::load_step,
+                    "Load the checkpoint of this step; -1 = the latest")
+                  .at_least(0)
+                  .or_sentinel(int64_t{-1}, "the latest"));
+  t.push_back(field("checkpoint", "initial_load_path", &J::checkpoint, &C::initial_load_path,
+                    "Checkpoint (step folder) to start from when the folder holds none"));
+  t.push_back(field("checkpoint", "initial_load_model_only", &J::checkpoint,
+                    &C::initial_load_model_only,
+                    "Load only the model from initial_load_path (else the full training state)")
+                  .alias("initial_load_model_weights_only"));
+  t.push_back(field("checkpoint", "initial_load_in_hf", &J::checkpoint, &C::initial_load_in_hf,
+                    "initial_load_path is a Hugging Face folder (safetensors + config.json)"));
+  t.push_back(field("checkpoint", "last_save_model_only", &J::checkpoint, &C::last_save_model_only,
+                    "The save at the last step holds only the model, in export_dtype")
+                  .alias("last_save_model_weights_only"));
+  t.push_back(field("checkpoint", "last_save_in_hf", &J::checkpoint, &C::last_save_in_hf,
+                    "The save at the last step is in Hugging Face layout"));
+  t.push_back(field("checkpoint", "export_dtype", &J::checkpoint, &C::export_dtype,
+                    "Dtype of the model-only last save", {"float16", "bfloat16", "float32"}));
+  t.push_back(field("checkpoint", "async_mode", &J::checkpoint, &C::async_mode,
+                    "disabled = the step loop waits for saves; async = only for the host "
+                    "snapshot, files are written in the background",
+                    {"disabled", "async", "async_with_pinned_mem"}));
+  {
+    Binding b =
+        field("checkpoint", "exclude_from_loading", &J::checkpoint, &C::exclude_from_loading,
+              "Comma-separated parts left fresh on resume: optimizer, lr_scheduler, "
+              "dataloader, train_state");
+    b.spec.validated_by([](const std::string& v) {
+      for (const std::string& part : CheckpointSection{.exclude_from_loading = v}.excluded())
+        if (part != "optimizer" && part != "lr_scheduler" && part != "dataloader" &&
+            part != "train_state")
+          return std::string(
+              "a comma-separated list of optimizer, lr_scheduler, dataloader, train_state");
+      return std::string();
+    });
+    t.push_back(std::move(b));
+  }
   // [debug]
   t.push_back(field("debug", "dump_step", &J::debug, &DebugSection::dump_step,
                     "Write the weights (HF folder), global gradients and expert loads of this step "
@@ -347,7 +398,37 @@ ConfigValues job_config_to_values(const JobConfig& cfg) {
   return v;
 }
 
+std::vector<std::string> CheckpointSection::excluded() const {
+  std::vector<std::string> parts;
+  size_t from = 0;
+  while (from <= exclude_from_loading.size()) {
+    size_t comma = exclude_from_loading.find(',', from);
+    if (comma == std::string::npos) comma = exclude_from_loading.size();
+    std::string part = exclude_from_loading.substr(from, comma - from);
+    part.erase(0, part.find_first_not_of(" \t"));
+    part.erase(part.find_last_not_of(" \t") + 1);
+    if (!part.empty()) parts.push_back(part);
+    from = comma + 1;
+  }
+  return parts;
+}
+
+namespace {
+void validate_checkpoint(const CheckpointSection& k) {
+  MT_CHECK_T(ConfigError, k.keep_latest_k != 1,
+             "[checkpoint] keep_latest_k must be 0 (keep all) or at least 2, found 1: the latest "
+             "checkpoint may still be in the middle of its save");
+  MT_CHECK_T(ConfigError, !k.last_save_in_hf || k.last_save_model_only,
+             "[checkpoint] last_save_in_hf = true needs last_save_model_only = true: a Hugging "
+             "Face folder holds only the model");
+  MT_CHECK_T(ConfigError, !k.initial_load_in_hf || k.initial_load_model_only,
+             "[checkpoint] initial_load_in_hf = true needs initial_load_model_only = true: a "
+             "Hugging Face folder holds only the model");
+}
+}  // namespace
+
 void validate_job_config(const JobConfig& c) {
+  validate_checkpoint(c.checkpoint);
   const TrainingSection& t = c.training;
   if (t.global_batch_size != -1 && t.global_batch_size % t.local_batch_size != 0)
     MT_THROW(ConfigError,

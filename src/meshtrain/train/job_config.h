@@ -113,6 +113,25 @@ struct CommSection {
   int64_t train_timeout_seconds = 100;
 };
 
+// [checkpoint]: torchtitan's keys and defaults (checkpoint/manager.h has the policy).
+struct CheckpointSection {
+  bool enable = false;
+  std::string folder = "checkpoint";  // under [job] dump_folder
+  int64_t interval = 500;
+  int64_t keep_latest_k = 10;  // 0 = keep all; 1 is refused (the latest may be mid-save)
+  int64_t load_step = -1;      // -1 = the latest
+  std::string initial_load_path;
+  bool initial_load_model_only = true;
+  bool initial_load_in_hf = false;
+  bool last_save_model_only = true;
+  bool last_save_in_hf = false;
+  std::string export_dtype = "float32";  // float16 | bfloat16 | float32
+  std::string async_mode = "disabled";   // disabled | async | async_with_pinned_mem (= async)
+  // Comma-separated: optimizer, lr_scheduler, dataloader, train_state.
+  std::string exclude_from_loading;
+  std::vector<std::string> excluded() const;
+};
+
 struct JobConfig {
   JobSection job;
   ModelSection model;
@@ -124,6 +143,7 @@ struct JobConfig {
   ActivationCheckpointSection activation_checkpoint;
   ProfilingSection profiling;
   CommSection comm;
+  CheckpointSection checkpoint;
   DebugSection debug;
 };
 

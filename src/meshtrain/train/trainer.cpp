@@ -171,7 +171,46 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
     debug_dump_ = std::make_unique<DebugDump>(dump_folder_, cfg_.debug.dump_step);
   sg.reset();
   log_startup();
+  start_checkpointing(mesh_->dims());
 }
+
+void Trainer::start_checkpointing(const ParallelDims& dims) {
+  const CheckpointSection& k = cfg_.checkpoint;
+  CheckpointOptions o{.enable = k.enable,
+                      .folder = (std::filesystem::path(dump_folder_) / k.folder).string(),
+                      .interval = k.interval,
+                      .keep_latest_k = k.keep_latest_k,
+                      .load_step = k.load_step,
+                      .initial_load_path = k.initial_load_path,
+                      .initial_load_model_only = k.initial_load_model_only,
+                      .initial_load_in_hf = k.initial_load_in_hf,
+                      .last_save_model_only = k.last_save_model_only,
+                      .last_save_in_hf = k.last_save_in_hf,
+                      .export_dtype = k.export_dtype == "float16"    ? FileDType::kF16
+                                      : k.export_dtype == "bfloat16" ? FileDType::kBF16
+                                                                     : FileDType::kF32,
+                      .async = k.async_mode != "disabled",
+                      .exclude_from_loading = k.excluded()};
+  CheckpointRun run{.config_toml = job_config_to_values(cfg_).to_toml(),
+                    .layout = MeshDegrees{dims.world, dims.dp_replicate, dims.dp_shard, dims.cp,
+                                          dims.tp, dims.ep, dims.etp},
+                    .seed = uint64_t(cfg_.training.seed),
+                    .dataset = loader_->description(),
+                    .training_steps = cfg_.training.steps,
+                    .dp_rank = mesh_->coord("dp"),
+                    .dp_degree = mesh_->size("dp"),
+                    .accum_steps = accum_steps_,
+                    .master_dtype = dtype_name(master_dtype_)};
+  checkpointer_ =
+      std::make_unique<CheckpointManager>(std::move(o), std::move(run), *model_, *plan_, *store_,
+                                          *backend_, mesh_->comm("world"), *loader_);
+  resumed_ = checkpointer_->load_at_start();
+  step_ = resumed_.step;
+  optimizer_offset_ = resumed_.optimizer_step - resumed_.step;
+  lr_offset_ = resumed_.lr_step - resumed_.step;
+}
+
+void Trainer::wait_for_checkpoint() { checkpointer_->wait(); }
 
 Trainer::~Trainer() = default;
 
@@ -256,9 +295,9 @@ StepRecord Trainer::step(bool read_back) {
   }
   StepRecord r;
   r.step = step_;
-  r.lr = schedule_->lr_at_step(step_);
+  r.lr = schedule_->lr_at_step(step_ + lr_offset_);
   if (dump) debug_dump_->gradients(hf_context());
-  optimizer_->step(step_, r.lr);
+  optimizer_->step(step_ + optimizer_offset_, r.lr);
   if (read_back || dump) {
     r.loss = read_step_loss();
     r.grad_norm = optimizer_->last_grad_norm();
@@ -279,6 +318,7 @@ StepRecord Trainer::step(bool read_back) {
                             .lr = r.lr},
                            loads);
   }
+  checkpointer_->after_step(step_, step_ + optimizer_offset_, step_ + lr_offset_, r.lr);
   return r;
 }
 
@@ -351,7 +391,8 @@ std::vector<StepRecord> Trainer::train() {
   auto t_last = std::chrono::steady_clock::now();
   int64_t steps_since = 0;
   while (step_ < cfg_.training.steps) {
-    bool log_now = (step_ + 1) % log_freq == 0 || step_ == 0 || step_ + 1 == cfg_.training.steps;
+    bool log_now =
+        (step_ + 1) % log_freq == 0 || step_ == resumed_.step || step_ + 1 == cfg_.training.steps;
     StepRecord r = step(log_now);
     ++steps_since;
     if (!log_now) continue;
@@ -379,6 +420,7 @@ std::vector<StepRecord> Trainer::train() {
     steps_since = 0;
   }
   backend_->synchronize();
+  checkpointer_->wait();
   log_info("training done: {} steps", step_);
   return logged;
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/manager.h"
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/tokenizer.h"
@@ -70,12 +71,17 @@ class Trainer {
   // per-layer counts to the host: a host sync, for logging steps and tests.
   std::vector<MoeLayerLoad> moe_load();
   int64_t steps_done() const { return step_; }
+  // Where start-up resumed ([checkpoint]); loaded = false for a fresh run.
+  const ResumePoint& resumed() const { return resumed_; }
+  // Waits for a checkpoint save in flight and makes it visible (train() does before returning).
+  void wait_for_checkpoint();
   int64_t tokens_per_step() const { return tokens_per_step_; }
 
  private:
   class Services;
   void build_graph();
   void log_startup() const;
+  void start_checkpointing(const ParallelDims& dims);
   double read_step_loss();
   HfRunContext hf_context();
 
@@ -98,6 +104,11 @@ class Trainer {
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<Profiler> profiler_;  // [profiling] enable_profiling
+  std::unique_ptr<CheckpointManager> checkpointer_;
+  ResumePoint resumed_;
+  // Optimizer (AdamW bias correction) and LR-schedule positions minus step_: 0 unless a resume
+  // left a part fresh ([checkpoint] exclude_from_loading, model-only loads).
+  int64_t optimizer_offset_ = 0, lr_offset_ = 0;
   ModelCounts counts_;
   ReshardStats reshard_;
   CheckpointStats checkpoint_;
