@@ -1,6 +1,6 @@
-// meshtrain command line: `train`, `plan` and `tokenize` subcommands. Thin: parsing and error
-// reporting here, the work in train/. Every failure is one clear line and a non-zero exit; in a
-// multi-rank run the failing rank aborts the job so no rank hangs.
+// meshtrain command line: `train`, `plan`, `convert` and `tokenize` subcommands. Thin: parsing and
+// error reporting here, the work in train/. Every failure is one clear line and a non-zero exit; in
+// a multi-rank run the failing rank aborts the job so no rank hangs.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +16,7 @@
 #include "meshtrain/data/text_dataset.h"
 #include "meshtrain/data/token_file.h"
 #include "meshtrain/data/tokenizer.h"
+#include "meshtrain/train/convert.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/plan_report.h"
 #include "meshtrain/train/trainer.h"
@@ -31,6 +32,9 @@ const char* kUsage =
     "  plan  --config FILE [--hf-config PATH] [--world N] [--rank R] [--section.key VALUE ...]\n"
     "        print parameter counts, FLOPs per token and the planned memory of a rank;\n"
     "        --hf-config sizes the model from an HF config.json (or its folder)\n"
+    "  convert --input PATH --output PATH [--dtype float32|bfloat16|float16] [--max-shard-gb G]\n"
+    "          [--config FILE] [--section.key VALUE ...]\n"
+    "        meshtrain checkpoint (a step-N folder) <-> Hugging Face folder, offline\n"
     "  tokenize --input PATH --output FILE.bin [--dataset text|fortunes]\n"
     "        write a pre-tokenized token file (byte-level tokenizer, llm.c format)\n"
     "\n"
@@ -47,7 +51,8 @@ struct Args {
 Args parse_args(int argc, char** argv, const std::vector<std::string>& own_options) {
   Args a;
   if (argc < 2)
-    MT_THROW(ConfigError, "no command given: expected train, plan or tokenize (meshtrain --help)");
+    MT_THROW(ConfigError,
+             "no command given: expected train, plan, convert or tokenize (meshtrain --help)");
   a.command = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string s = argv[i];
@@ -91,13 +96,31 @@ int run_plan(int argc, char** argv) {
   if (a.options.count("--hf-config")) {
     // The model family follows config.json's architecture; explicit overrides still win.
     const std::string path = a.options["--hf-config"];
-    a.overrides.insert(a.overrides.begin(), {"--model.name", meshtrain::read_hf_config(path).model_name,
-                                             "--model.hf_config", path});
+    a.overrides.insert(
+        a.overrides.begin(),
+        {"--model.name", meshtrain::read_hf_config(path).model_name, "--model.hf_config", path});
   }
   meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
   int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 1;
   int rank = a.options.count("--rank") ? std::stoi(a.options["--rank"]) : 0;
   std::printf("%s", meshtrain::plan_report(cfg, world, rank).c_str());
+  return 0;
+}
+
+int run_convert(int argc, char** argv) {
+  Args a = parse_args(argc, argv, {"--input", "--output", "--dtype", "--max-shard-gb"});
+  meshtrain::ConvertRequest r;
+  r.input = a.options["--input"];
+  r.output = a.options["--output"];
+  r.config = a.config;
+  r.overrides = a.overrides;
+  if (a.options.count("--dtype")) r.dtype = a.options["--dtype"];
+  if (a.options.count("--max-shard-gb")) {
+    const double gb = std::stod(a.options["--max-shard-gb"]);
+    MT_CHECK_T(ConfigError, gb > 0, "--max-shard-gb expects a positive size, found {}", gb);
+    r.max_shard_bytes = int64_t(gb * 1e9);
+  }
+  meshtrain::run_convert(r);
   return 0;
 }
 
@@ -136,13 +159,15 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") return run_train(argc, argv);
     if (command == "plan") return run_plan(argc, argv);
+    if (command == "convert") return run_convert(argc, argv);
     if (command == "tokenize") return run_tokenize(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
       std::printf("%s", kUsage);
       return 0;
     }
     MT_THROW(ConfigError,
-             "unknown command '{}': expected train, plan or tokenize (meshtrain --help)", command);
+             "unknown command '{}': expected train, plan, convert or tokenize (meshtrain --help)",
+             command);
   } catch (const meshtrain::Error& e) {
     // A config error is the same on every rank: rank 0 alone reports it, every rank exits non-zero.
     if (e.kind() != meshtrain::ErrorKind::kConfig || meshtrain::detect_launch().rank == 0)

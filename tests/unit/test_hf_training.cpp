@@ -8,6 +8,7 @@
 #include "meshtrain/checkpoint/file_io.h"
 #include "meshtrain/checkpoint/hf_io.h"
 #include "meshtrain/checkpoint/safetensors.h"
+#include "meshtrain/train/convert.h"
 #include "meshtrain/train/trainer.h"
 #include "test_support.h"
 
@@ -58,6 +59,52 @@ TEST_F(HfTraining, LastSaveInHfThenInitialLoadInHfStartsFromTheFinalWeights) {
           << model << " " << names[i];
     fs::remove_all(dir_ / "b");
   }
+}
+
+TEST_F(HfTraining, ConvertCheckpointToHfAndBackKeepsEveryWeightBitwise) {
+  const std::vector<std::string> ds = {"--model.name", "deepseek_v3",      "--model.flavor",
+                                       "debugmodel",   "--model.n_layers", "2"};
+  std::vector<std::string> a = ds;
+  for (const std::string& s :
+       std::vector<std::string>{"--job.dump_folder", (dir_ / "run").string(), "--training.steps",
+                                "2", "--checkpoint.enable", "true", "--checkpoint.interval", "100",
+                                "--checkpoint.last_save_model_only", "false"})
+    a.push_back(s);
+  std::map<std::string, std::vector<float>> want;
+  {
+    Trainer t(testing::tiny_job(a), test_runtime());
+    t.step(false), t.step(false);
+    t.wait_for_checkpoint();
+    for (const ParamInfo& p : t.plan().params())
+      if (p.name.find("tokens_per_expert") == std::string::npos)
+        want[p.name] = t.params().master_to_host(p.name).to_vector<float>();
+  }
+  const std::string ckpt = (dir_ / "run" / "checkpoint" / "step-2").string();
+  const std::string hf = (dir_ / "hf").string(), back = (dir_ / "back").string();
+  run_convert({.input = ckpt, .output = hf, .max_shard_bytes = 8 << 20});
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(hf)) shards += e.path().extension() == ".safetensors";
+  EXPECT_GE(shards, 3) << "8 MB shards";
+  run_convert({.input = hf, .output = back});
+  // The HF folder as initial weights, and the converted-back checkpoint: the same weights.
+  for (const auto& [path, in_hf] : {std::pair{hf, "true"}, std::pair{back, "false"}}) {
+    std::vector<std::string> b = ds;
+    for (const std::string& s : std::vector<std::string>{
+             "--job.dump_folder", (dir_ / "b").string(), "--checkpoint.enable", "true",
+             "--checkpoint.initial_load_path", path, "--checkpoint.initial_load_in_hf", in_hf})
+      b.push_back(s);
+    Trainer t(testing::tiny_job(b), test_runtime());
+    for (const auto& [name, v] : want)
+      EXPECT_EQ(t.params().master_to_host(name).to_vector<float>(), v) << path << " " << name;
+    fs::remove_all(dir_ / "b");
+  }
+  EXPECT_CONTAINS(
+      testing::error_message<IoError>([&] { run_convert({.input = hf, .output = back}); }),
+      "already exists (nothing is replaced)");
+  EXPECT_CONTAINS(testing::error_message<ConfigError>([&] {
+                    run_convert({.input = dir_.string(), .output = (dir_ / "x").string()});
+                  }),
+                  "is neither a meshtrain checkpoint (no index.json) nor a Hugging Face folder");
 }
 
 TEST_F(HfTraining, DebugDumpHoldsTheStepsWeightsGradientsLoadsAndWindows) {

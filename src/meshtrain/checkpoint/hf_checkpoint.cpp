@@ -9,6 +9,7 @@
 #include "meshtrain/checkpoint/file_io.h"
 #include "meshtrain/checkpoint/hf_export.h"
 #include "meshtrain/checkpoint/hf_io.h"
+#include "meshtrain/checkpoint/save.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
 
@@ -32,13 +33,6 @@ const char* torch_dtype_name(FileDType d) {
     case FileDType::kF64: return "float64";
     default: return "unknown";
   }
-}
-
-bool writes_piece(const ParamInfo& p, const ParallelPlan& plan, int world_rank) {
-  if (!p.trainable) return world_rank == 0;
-  for (const auto& [group, placement] : p.placements)
-    if (placement.kind == Placement::Kind::kReplicate && plan.group_rank(group) != 0) return false;
-  return true;
 }
 
 namespace {
@@ -96,7 +90,7 @@ void write_rows(const std::string& dir, const HfRunContext& run, const HfLayout&
   {
     HfFileWriter w(plan, layout, dir);
     for (const ParamInfo& p : params) {
-      if (!layout.covers(p.name) || !writes_piece(p, run.plan, run.world_rank)) continue;
+      if (!layout.covers(p.name) || !writes_piece(p, run.plan)) continue;
       Tensor t = grads ? run.store.grad(p.name) : run.store.master(p.name);
       write_hf_piece(w, layout, p, to_host(t, run.backend));
     }

@@ -59,10 +59,6 @@ void write_hf_folder(const std::string& dir, const HfRunContext& run, FileDType 
 void save_hf_from_store(const std::string& folder, const HfRunContext& run,
                         const HfSaveOptions& options);
 
-// Whether this rank writes parameter p: it is rank 0 of every group p is replicated over
-// (buffers, whole on every rank, are written by world rank 0).
-bool writes_piece(const ParamInfo& p, const ParallelPlan& plan, int world_rank);
-
 // "float32" | "bfloat16" | "float16" ([checkpoint] export_dtype) -> the file dtype.
 FileDType export_file_dtype(const std::string& export_dtype);
 const char* torch_dtype_name(FileDType d);

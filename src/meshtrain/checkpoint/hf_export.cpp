@@ -151,36 +151,13 @@ void HfFileWriter::sync() {
 
 void write_hf_piece(HfFileWriter& w, const HfLayout& layout, const ParamInfo& p,
                     const Tensor& local) {
-  const Shape& g = p.global_shape;
-  const Shape& ls = p.local_shape;
-  const int rank = g.rank();
-  MT_CHECK(local.shape() == ls, "{}: host piece {} for local shape {}", p.name, local.shape(), ls);
-  const int64_t cols = ls[rank - 1];
-  const int64_t c0 = p.piece.at(rank - 1);
-  const int64_t c1 = std::min(c0 + cols, p.piece.limit_at(rank - 1, g[rank - 1]));
-  if (c1 <= c0) return;
-  const size_t es = dtype_size(local.dtype());
-  std::vector<int64_t> idx(size_t(rank - 1), 0);
-  for (int64_t r = 0; r < ls.rows(); ++r) {
-    bool padding = false;
-    std::vector<int64_t> gi(idx.size());
-    for (size_t d = 0; d < idx.size(); ++d) {
-      gi[d] = p.piece.at(int(d)) + idx[d];
-      padding |= gi[d] >= p.piece.limit_at(int(d), g[int(d)]);
-    }
-    if (!padding) {
-      const HfRow at = layout.locate(p.name, rank == 3 ? gi[0] : 0,
-                                     rank == 3   ? gi[1]
-                                     : rank == 2 ? gi[0]
-                                                 : 0);
-      w.write_row(*at.tensor, at.row, c0, c1 - c0, local.dtype(),
-                  static_cast<const char*>(local.raw()) + size_t(r * cols) * es);
-    }
-    for (int d = int(idx.size()) - 1; d >= 0; --d) {
-      if (++idx[size_t(d)] < ls[d]) break;
-      idx[size_t(d)] = 0;
-    }
-  }
+  MT_CHECK(local.shape() == p.local_shape, "{}: host piece {} for local shape {}", p.name,
+           local.shape(), p.local_shape);
+  const size_t row_bytes = size_t(p.local_shape.last()) * dtype_size(local.dtype());
+  for_each_piece_row(layout, p, [&](int64_t r, const HfRow& at, int64_t c0, int64_t c1) {
+    w.write_row(*at.tensor, at.row, c0, c1 - c0, local.dtype(),
+                static_cast<const char*>(local.raw()) + size_t(r) * row_bytes);
+  });
 }
 
 void write_hf_from_source(HfFileWriter& w, const HfLayout& layout, TensorSource& source,

@@ -185,45 +185,21 @@ void HfFolder::read_row(const std::string& hf_name, const Entry& e, int64_t row,
 
 void read_hf_piece(const HfFolder& folder, const HfLayout& layout, const ParamInfo& p,
                    const Tensor& dst) {
-  const Shape& g = p.global_shape;
-  const Shape& local = p.local_shape;
-  const int rank = g.rank();
-  MT_CHECK(dst.shape() == local && dst.dtype() == p.dtype, "{}: host buffer {} {} for piece {} {}",
-           p.name, dst.shape(), dst.dtype(), local, p.dtype);
+  MT_CHECK(dst.shape() == p.local_shape && dst.dtype() == p.dtype,
+           "{}: host buffer {} {} for piece {} {}", p.name, dst.shape(), dst.dtype(),
+           p.local_shape, p.dtype);
   std::memset(dst.raw(), 0, dst.nbytes());
-  const int64_t cols = rank == 0 ? 1 : local[rank - 1];
-  const int64_t c0 = rank == 0 ? 0 : p.piece.at(rank - 1);
-  const int64_t c1 = rank == 0 ? 1 : std::min(c0 + cols, p.piece.limit_at(rank - 1, g[rank - 1]));
-  if (c1 <= c0) return;
-  const size_t esize = dtype_size(p.dtype);
-  // Walk the local rows (all dims but the last) in row-major order.
-  const int64_t rows = local.rows();
-  std::vector<int64_t> idx(size_t(std::max(rank - 1, 0)), 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    bool padding = false;
-    std::vector<int64_t> gi(idx.size());
-    for (size_t d = 0; d < idx.size(); ++d) {
-      gi[d] = p.piece.at(int(d)) + idx[d];
-      padding |= gi[d] >= p.piece.limit_at(int(d), g[int(d)]);
+  const size_t row_bytes = size_t(p.local_shape.last()) * dtype_size(p.dtype);
+  for_each_piece_row(layout, p, [&](int64_t r, const HfRow& at, int64_t c0, int64_t c1) {
+    const HfFolder::Entry* e = folder.find(at.tensor->hf_name);
+    if (!e) {
+      MT_CHECK_T(ValueError, at.tensor->may_be_absent, "HF folder {}: tensor {} is missing",
+                 folder.path(), at.tensor->hf_name);
+      return;  // zeros
     }
-    if (!padding) {
-      const int64_t lead = rank == 3 ? gi[0] : 0;
-      const int64_t row = rank == 3 ? gi[1] : rank == 2 ? gi[0] : 0;
-      const HfRow at = layout.locate(p.name, lead, row);
-      const HfFolder::Entry* e = folder.find(at.tensor->hf_name);
-      if (e) {
-        char* out = static_cast<char*>(dst.raw()) + size_t(r * cols) * esize;
-        folder.read_row(at.tensor->hf_name, *e, at.row, c0, c1, p.dtype, out);
-      } else {
-        MT_CHECK_T(ValueError, at.tensor->may_be_absent, "HF folder {}: tensor {} is missing",
-                   folder.path(), at.tensor->hf_name);
-      }
-    }
-    for (int d = int(idx.size()) - 1; d >= 0; --d) {
-      if (++idx[size_t(d)] < local[d]) break;
-      idx[size_t(d)] = 0;
-    }
-  }
+    folder.read_row(at.tensor->hf_name, *e, at.row, c0, c1, p.dtype,
+                    static_cast<char*>(dst.raw()) + size_t(r) * row_bytes);
+  });
 }
 
 }  // namespace meshtrain

@@ -157,4 +157,29 @@ HfRow HfLayout::locate(const std::string& param, int64_t lead, int64_t row) cons
   return {&t, row};
 }
 
+void for_each_piece_row(const HfLayout& layout, const ParamInfo& p,
+                        const std::function<void(int64_t, const HfRow&, int64_t, int64_t)>& f) {
+  const Shape& g = p.global_shape;
+  const Shape& ls = p.local_shape;
+  const int rank = g.rank();
+  const int64_t c0 = p.piece.at(rank - 1);
+  const int64_t c1 = std::min(c0 + ls[rank - 1], p.piece.limit_at(rank - 1, g[rank - 1]));
+  if (c1 <= c0) return;
+  std::vector<int64_t> idx(size_t(rank - 1), 0), gi(size_t(rank - 1));
+  for (int64_t r = 0; r < ls.rows(); ++r) {
+    bool padding = false;
+    for (size_t d = 0; d < idx.size(); ++d) {
+      gi[d] = p.piece.at(int(d)) + idx[d];
+      padding |= gi[d] >= p.piece.limit_at(int(d), g[int(d)]);
+    }
+    if (!padding)
+      f(r, layout.locate(p.name, rank == 3 ? gi[0] : 0, rank == 3 ? gi[1] : rank == 2 ? gi[0] : 0),
+        c0, c1);
+    for (int d = int(idx.size()) - 1; d >= 0; --d) {
+      if (++idx[size_t(d)] < ls[d]) break;
+      idx[size_t(d)] = 0;
+    }
+  }
+}
+
 }  // namespace meshtrain

@@ -5,6 +5,7 @@
 // so export then import is the identity.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,6 +52,12 @@ class HfLayout {
   std::map<std::string, size_t> by_hf_;
   std::map<std::string, std::vector<size_t>> by_param_;  // per expert (or one entry)
 };
+
+// Calls f(local_row, hf_row, c0, c1) for every row of this rank's piece of p that lies inside the
+// global tensor (FSDP padding rows are skipped): local_row indexes the rows of the local shard,
+// [c0, c1) are the global columns it holds.
+void for_each_piece_row(const HfLayout& layout, const ParamInfo& p,
+                        const std::function<void(int64_t, const HfRow&, int64_t, int64_t)>& f);
 
 // Llama's q/k row permutation for one head of `head_dim` rows: meshtrain row 2i + j (the j-th
 // element of rotary pair i) is HF row j · head_dim/2 + i.
