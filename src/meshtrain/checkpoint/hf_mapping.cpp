@@ -12,43 +12,40 @@ namespace meshtrain {
 
 namespace {
 
-// meshtrain suffix (after "layers.N.") -> HF suffix (after "model.layers.N.").
-const std::map<std::string, std::string>& llama_layer_names() {
-  static const std::map<std::string, std::string> m = {
-      {"attention.wq.weight", "self_attn.q_proj.weight"},
-      {"attention.wk.weight", "self_attn.k_proj.weight"},
-      {"attention.wv.weight", "self_attn.v_proj.weight"},
-      {"attention.wo.weight", "self_attn.o_proj.weight"},
-      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
-      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
-      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
-      {"attention_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-  };
+// meshtrain suffix (after "layers.N.") -> HF suffix (after "model.layers.N."): the names both
+// families share, then each family's own.
+using NameMap = std::map<std::string, std::string>;
+NameMap with_common(NameMap own) {
+  own.insert({{"attention.wo.weight", "self_attn.o_proj.weight"},
+              {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
+              {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+              {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+              {"attention_norm.weight", "input_layernorm.weight"},
+              {"ffn_norm.weight", "post_attention_layernorm.weight"},
+              {"attention.wq.weight", "self_attn.q_proj.weight"}});
+  return own;
+}
+
+const NameMap& llama_layer_names() {
+  static const NameMap m = with_common({{"attention.wk.weight", "self_attn.k_proj.weight"},
+                                        {"attention.wv.weight", "self_attn.v_proj.weight"}});
   return m;
 }
 
-const std::map<std::string, std::string>& deepseek_layer_names() {
-  static const std::map<std::string, std::string> m = {
-      {"attention.wq.weight", "self_attn.q_proj.weight"},
+const NameMap& deepseek_layer_names() {
+  static const NameMap m = with_common({
       {"attention.wq_a.weight", "self_attn.q_a_proj.weight"},
       {"attention.q_norm.weight", "self_attn.q_a_layernorm.weight"},
       {"attention.wq_b.weight", "self_attn.q_b_proj.weight"},
       {"attention.wkv_a.weight", "self_attn.kv_a_proj_with_mqa.weight"},
       {"attention.kv_norm.weight", "self_attn.kv_a_layernorm.weight"},
       {"attention.wkv_b.weight", "self_attn.kv_b_proj.weight"},
-      {"attention.wo.weight", "self_attn.o_proj.weight"},
-      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
-      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
-      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
-      {"attention_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"moe.router.gate.weight", "mlp.gate.weight"},
       {"moe.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
       {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
       {"moe.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
       {"moe.expert_bias", "mlp.gate.e_score_correction_bias"},
-  };
+  });
   return m;
 }
 
@@ -173,7 +170,11 @@ void for_each_piece_row(const HfLayout& layout, const ParamInfo& p,
       padding |= gi[d] >= p.piece.limit_at(int(d), g[int(d)]);
     }
     if (!padding)
-      f(r, layout.locate(p.name, rank == 3 ? gi[0] : 0, rank == 3 ? gi[1] : rank == 2 ? gi[0] : 0),
+      f(r,
+        layout.locate(p.name, rank == 3 ? gi[0] : 0,
+                      rank == 3   ? gi[1]
+                      : rank == 2 ? gi[0]
+                                  : 0),
         c0, c1);
     for (int d = int(idx.size()) - 1; d >= 0; --d) {
       if (++idx[size_t(d)] < ls[d]) break;
