@@ -186,8 +186,8 @@ void HfFolder::read_row(const std::string& hf_name, const Entry& e, int64_t row,
 void read_hf_piece(const HfFolder& folder, const HfLayout& layout, const ParamInfo& p,
                    const Tensor& dst) {
   MT_CHECK(dst.shape() == p.local_shape && dst.dtype() == p.dtype,
-           "{}: host buffer {} {} for piece {} {}", p.name, dst.shape(), dst.dtype(),
-           p.local_shape, p.dtype);
+           "{}: host buffer {} {} for piece {} {}", p.name, dst.shape(), dst.dtype(), p.local_shape,
+           p.dtype);
   std::memset(dst.raw(), 0, dst.nbytes());
   const size_t row_bytes = size_t(p.local_shape.last()) * dtype_size(p.dtype);
   for_each_piece_row(layout, p, [&](int64_t r, const HfRow& at, int64_t c0, int64_t c1) {
