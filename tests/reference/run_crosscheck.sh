@@ -19,8 +19,9 @@
 #   deepseek_v3_debug_fsdp4_ep2  the debug model on 4 ranks (FSDP 4 + EP 2; needs mpirun)
 #
 # Environment: PYTHON (default python3, needs torch), REF_DEVICE (auto|cuda|cpu), REF_DTYPE
-# (float64|float32). Prints PASS/FAIL per case with the worst relative errors; OUT_DIR/summary.json
-# holds every case's numbers. Exit status 0 only if every case passed.
+# (float64|float32), RESULTS_DIR (copy summary.json and each case's result.json and logs there,
+# without the multi-GB dumps). Prints PASS/FAIL per case with the worst relative errors;
+# OUT_DIR/summary.json holds every case's numbers. Exit status 0 only if every case passed.
 set -u -o pipefail
 
 if [ $# -lt 2 ]; then
@@ -113,4 +114,13 @@ for f in files:
 json.dump(summary, open(out, "w"), indent=1)
 print(f"summary: {out}")
 EOF
+if [ -n "${RESULTS_DIR:-}" ]; then
+  mkdir -p "$RESULTS_DIR"
+  cp "$OUT/summary.json" "$RESULTS_DIR/"
+  for c in "${CASES[@]}"; do
+    [ -d "$OUT/$c" ] || continue
+    mkdir -p "$RESULTS_DIR/$c"
+    cp "$OUT/$c"/*.log "$OUT/$c"/*.json "$RESULTS_DIR/$c/" 2>/dev/null || true
+  done
+fi
 exit $status
