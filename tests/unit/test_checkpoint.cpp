@@ -283,6 +283,32 @@ TEST_F(CheckpointTest, BadPathsAndKeys) {
                   "is not a complete checkpoint: it has no index.json");
 }
 
+TEST(CheckpointConfig, TorchtitanKeysAndListSyntax) {
+  auto parse = [](const std::string& toml) {
+    return job_config_from_values(load_config_string(job_config_schema(), toml, "t.toml", {}));
+  };
+  const JobConfig c = parse(
+      "[checkpoint]\nenable_checkpoint = true\nexclude_from_loading = [\"dataloader\", "
+      "\"lr_scheduler\"]\nasync_mode = \"async_with_pinned_mem\"\n");
+  EXPECT_TRUE(c.checkpoint.enable);  // the older torchtitan name is an alias
+  EXPECT_EQ(c.checkpoint.excluded(), (std::vector<std::string>{"dataloader", "lr_scheduler"}));
+  EXPECT_EQ(c.checkpoint.async_mode, "async_with_pinned_mem");
+  const JobConfig d = JobConfig{};
+  EXPECT_FALSE(d.checkpoint.enable);
+  EXPECT_EQ(d.checkpoint.folder, "checkpoint");
+  EXPECT_EQ(d.checkpoint.interval, 500);
+  EXPECT_EQ(d.checkpoint.keep_latest_k, 10);
+  EXPECT_EQ(d.checkpoint.load_step, -1);
+  EXPECT_TRUE(d.checkpoint.initial_load_model_only);
+  EXPECT_TRUE(d.checkpoint.last_save_model_only);
+  EXPECT_EQ(d.checkpoint.export_dtype, "float32");
+  EXPECT_EQ(d.checkpoint.async_mode, "disabled");
+  EXPECT_CONTAINS(
+      error_message<ConfigError>([&] { parse("[checkpoint]\nexclude_from_loading = [1, 2]\n"); }),
+      "[checkpoint] exclude_from_loading expects a comma-separated string or an array "
+      "of strings");
+}
+
 TEST_F(CheckpointTest, DiskFullMidSaveKeepsThePreviousCheckpoint) {
   save_step4("run");
   const std::string tmp = (dir_ / "run" / "checkpoint" / ".step-8.tmp").string();

@@ -113,17 +113,26 @@ LoadStats load_checkpoint_tensors(const std::string& dir, const CheckpointIndex&
   };
   std::vector<char> buf(size_t(4) << 20);
   Stream& stream = backend.stream(0);
-  for (const CheckpointTensor& ct : checkpoint_tensors(plan, !with_optimizer)) {
+  const std::vector<CheckpointTensor> tensors = checkpoint_tensors(plan, !with_optimizer);
+  // Device backends: one host buffer (the largest local tensor), reused by every tensor.
+  Tensor staging;
+  if (!backend.device().is_cpu()) {
+    size_t most = 8;
+    for (const CheckpointTensor& ct : tensors)
+      most = std::max(most, size_t(ct.param->local_shape.numel()) * dtype_size(ct.param->dtype));
+    staging = Tensor::empty(Shape{int64_t((most + 7) / 8)}, DType::kI64,
+                            backend.host_staging_allocator());
+  }
+  for (const CheckpointTensor& ct : tensors) {
     const ParamInfo& p = *ct.param;
     const StoredTensor& t = *ix.find(ct.name);
     const Tensor dev = !ct.optimizer                     ? store.master(p.name)
                        : ct.name == exp_avg_name(p.name) ? store.exp_avg(p.name)
                                                          : store.exp_avg_sq(p.name);
     const bool on_host = dev.device().is_cpu();
-    // Startup only: one host tensor per device tensor, freed after its copy.
-    Tensor host =
-        on_host ? dev : Tensor::empty(dev.shape(), dev.dtype(), backend.host_staging_allocator());
-    if (on_host) std::memset(host.raw(), 0, host.nbytes());  // padding reads zero
+    const Tensor host =
+        on_host ? dev : Tensor(staging.storage(), staging.byte_offset(), dev.shape(), dev.dtype());
+    std::memset(host.raw(), 0, host.nbytes());  // padding reads zero
     const Box region = real_region(p), local = shard_box(p);
     const size_t esize = dtype_size(p.dtype), fsize = file_dtype_size(t.dtype);
     const bool same = dtype_of_file(t.dtype) == p.dtype;
@@ -159,7 +168,7 @@ LoadStats load_checkpoint_tensors(const std::string& dir, const CheckpointIndex&
              dir, t.name, covered, region.volume(), region.to_string());
     if (!on_host) {
       backend.copy(dev.raw(), host.raw(), host.nbytes(), CopyKind::kHostToDevice, stream);
-      // Host wait (startup only): the staging tensor is freed when this iteration ends.
+      // Host wait (start-up only): the staging buffer is reused by the next tensor.
       stream.synchronize();
     }
   }
@@ -167,6 +176,34 @@ LoadStats load_checkpoint_tensors(const std::string& dir, const CheckpointIndex&
   st.files_read = int(readers.size());
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
+}
+
+int64_t read_global_tensor(const std::string& dir, const CheckpointIndex& ix,
+                           const std::string& name, DType to, void* out) {
+  const StoredTensor* t = ix.find(name);
+  MT_CHECK_T(ValueError, t != nullptr, "checkpoint {} holds no tensor {}", dir, name);
+  MT_CHECK_T(ValueError, can_convert_from_file(t->dtype, to),
+             "checkpoint {}: tensor {} is stored as {}, which cannot be converted to {}", dir, name,
+             file_dtype_name(t->dtype), dtype_name(to));
+  const Box whole{std::vector<int64_t>(t->shape.size(), 0), t->shape};
+  const size_t esize = dtype_size(to), fsize = file_dtype_size(t->dtype);
+  int64_t bytes = 0;
+  std::vector<char> buf;
+  for (const StoredSlice& s : t->slices) {
+    if (s.box.empty()) continue;
+    const SafetensorsReader r((fs::path(dir) / s.file).string());
+    const SafetensorsEntry& e = r.at(name);
+    MT_CHECK_T(IoError, e.begin == s.begin && e.end == s.end,
+               "{}: its header and the checkpoint index disagree on tensor {}", r.path(), name);
+    for_each_run(s.box, s.box, whole.ext, whole, [&](int64_t a, int64_t b, int64_t n) {
+      buf.resize(size_t(n) * fsize);
+      r.read_range(e, a * int64_t(fsize), n * int64_t(fsize), buf.data());
+      convert_from_file(t->dtype, buf.data(), to, static_cast<char*>(out) + size_t(b) * esize, n,
+                        name);
+    });
+    bytes += r.bytes_read();
+  }
+  return bytes;
 }
 
 }  // namespace meshtrain

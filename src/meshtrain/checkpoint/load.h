@@ -35,4 +35,10 @@ LoadStats load_checkpoint_tensors(const std::string& dir, const CheckpointIndex&
                                   const ParallelPlan& plan, ParamStore& store, Backend& backend,
                                   bool with_optimizer, int rank, int world);
 
+// Reads the whole global tensor `name` (every stored slice) into `out`, which holds the
+// tensor's numel elements of dtype `to` (offline tools: conversion, inspection). Returns the
+// bytes read.
+int64_t read_global_tensor(const std::string& dir, const CheckpointIndex& ix,
+                           const std::string& name, DType to, void* out);
+
 }  // namespace meshtrain

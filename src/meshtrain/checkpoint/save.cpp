@@ -63,18 +63,28 @@ Snapshot::Snapshot(const ParallelPlan& plan, const ParamStore& store, Backend& b
       items_.push_back({exp_avg_sq_name(p.name), &p, store.exp_avg_sq(p.name), {}, region, true});
     }
   }
-  for (SnapshotItem& it : items_) {
-    if (staged_) {
-      // Host memory for the copies, made once here, outside any step (pinned on device backends).
-      it.host =
-          Tensor::empty(it.source.shape(), it.source.dtype(), backend.host_staging_allocator());
-      staged_bytes_ += int64_t(it.host.nbytes());
-    } else {
+  if (!staged_) {
+    for (SnapshotItem& it : items_) {
       MT_CHECK(it.source.device().is_cpu(), "an unstaged snapshot needs host tensors ({})",
                it.name);
       it.host = it.source;
     }
+    return;
   }
+  // Host memory for the copies: one allocation (pinned on device backends), made here, once,
+  // outside any step; every item a 256-byte aligned view of it.
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const SnapshotItem& it : items_) {
+    offsets.push_back(total);
+    total += (it.source.nbytes() + 255) / 256 * 256;
+  }
+  const Tensor arena = Tensor::empty(Shape{int64_t(std::max<size_t>(total, 8) / 8)}, DType::kI64,
+                                     backend.host_staging_allocator());
+  for (size_t i = 0; i < items_.size(); ++i)
+    items_[i].host = Tensor(arena.storage(), arena.byte_offset() + offsets[i],
+                            items_[i].source.shape(), items_[i].source.dtype());
+  staged_bytes_ = int64_t(total);
 }
 
 void Snapshot::take(bool model_only) {

@@ -71,6 +71,7 @@ KeySpec& KeySpec::booleans_map_to(std::string if_true, std::string if_false) {
   return bool_true = std::move(if_true), bool_false = std::move(if_false), *this;
 }
 KeySpec& KeySpec::accepts_integers() { return int_as_string = true, *this; }
+KeySpec& KeySpec::accepts_string_arrays() { return list_as_string = true, *this; }
 KeySpec& KeySpec::validated_by(std::function<std::string(const std::string&)> f) {
   return validate = std::move(f), *this;
 }
@@ -121,7 +122,10 @@ std::string KeySpec::accepted() const {
                          sentinel_text(*this));
     }
     case KeyType::kBool: return "a boolean (true/false/1/0)";
-    case KeyType::kString: return int_as_string ? "a string or an integer" : "a string";
+    case KeyType::kString:
+      return int_as_string    ? "a string or an integer"
+             : list_as_string ? "a comma-separated string or an array of strings"
+                              : "a string";
     case KeyType::kChoice: {
       std::string r = fmt::format("one of {}", fmt::join(choices, ", "));
       if (!bool_true.empty())

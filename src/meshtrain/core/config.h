@@ -38,6 +38,9 @@ struct KeySpec {
   std::string bool_true, bool_false;
   // kString keys that also accept a TOML integer, stored as its decimal text ("2").
   bool int_as_string = false;
+  // kString keys holding a list (torchtitan's list[str] fields): a TOML array of strings is
+  // stored comma-joined, as the command line spells it ("a,b").
+  bool list_as_string = false;
   // kString keys: returns "" when the text is acceptable, else what is accepted (for the error).
   std::function<std::string(const std::string&)> validate;
   // Older names accepted for this key (e.g. torchtitan's lr_min for min_lr_factor).
@@ -57,6 +60,7 @@ struct KeySpec {
   KeySpec& or_sentinel(ConfigValue v, std::string meaning = "unset");
   KeySpec& booleans_map_to(std::string if_true, std::string if_false);
   KeySpec& accepts_integers();
+  KeySpec& accepts_string_arrays();
   KeySpec& validated_by(std::function<std::string(const std::string&)> f);
   KeySpec& alias(std::string old_name);
 

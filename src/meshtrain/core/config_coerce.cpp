@@ -104,6 +104,8 @@ ConfigValue coerce(const KeySpec& s, const Raw& r) {
         text = r.s;
       else if (r.kind == Raw::kInt && s.int_as_string)
         text = fmt::format("{}", r.i);
+      else if (r.strings && s.list_as_string)
+        text = fmt::format("{}", fmt::join(*r.strings, ","));
       else
         type_error(s, r);
       if (s.validate) {
@@ -209,7 +211,14 @@ Raw raw_from_toml(const toml::node& n, std::string where) {
       break;
     case toml::node_type::boolean: r.kind = Raw::kBool, r.b = n.as_boolean()->get(); break;
     case toml::node_type::string: r.kind = Raw::kString, r.s = n.as_string()->get(); break;
-    case toml::node_type::array: r.s = "an array"; break;
+    case toml::node_type::array: {
+      r.s = "an array";
+      std::vector<std::string> items;
+      for (const toml::node& e : *n.as_array())
+        if (e.is_string()) items.push_back(e.as_string()->get());
+      if (items.size() == n.as_array()->size()) r.strings = std::move(items);
+      break;
+    }
     case toml::node_type::table: r.s = "a table"; break;
     default: r.s = "a date/time"; break;
   }

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "meshtrain/core/config.h"
 
@@ -22,7 +23,8 @@ struct Raw {
   int64_t i = 0;
   double d = 0;
   bool b = false;
-  std::string s;      // kString text, or the TOML type name for kOther ("array", "table")
+  std::string s;  // kString text, or the TOML type name for kOther ("array", "table")
+  std::optional<std::vector<std::string>> strings;  // kOther from a TOML array of strings
   std::string where;  // " (x.toml line 3)" or " (from --training.steps)"
 };
 

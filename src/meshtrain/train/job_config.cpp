@@ -347,7 +347,7 @@ std::vector<Binding> make_bindings() {
         field("checkpoint", "exclude_from_loading", &J::checkpoint, &C::exclude_from_loading,
               "Comma-separated parts left fresh on resume: optimizer, lr_scheduler, "
               "dataloader, train_state");
-    b.spec.validated_by([](const std::string& v) {
+    b.spec.accepts_string_arrays().validated_by([](const std::string& v) {
       for (const std::string& part : CheckpointSection{.exclude_from_loading = v}.excluded())
         if (part != "optimizer" && part != "lr_scheduler" && part != "dataloader" &&
             part != "train_state")

@@ -12,6 +12,7 @@
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/train/trainer.h"
+#include "parity_util.h"
 
 using namespace meshtrain;
 
@@ -41,44 +42,12 @@ Options parse(int argc, char** argv) {
 }
 
 JobConfig job(const Options& o, const std::vector<std::string>& extra) {
-  std::vector<std::string> all = {"--job.device",
-                                  "cpu",
-                                  "--model.flavor",
-                                  "tiny",
-                                  "--training.seq_len",
-                                  "32",
-                                  "--training.steps",
-                                  std::to_string(o.steps),
-                                  "--training.seed",
-                                  "3",
-                                  "--optimizer.lr",
-                                  "3e-3",
-                                  "--lr_scheduler.warmup_steps",
-                                  "3",
-                                  "--metrics.enable_jsonl",
-                                  "false",
-                                  "--job.dump_folder",
-                                  "/tmp/meshtrain_parity"};
-  all.insert(all.end(), o.overrides.begin(), o.overrides.end());
-  all.insert(all.end(), extra.begin(), extra.end());
-  return parse_job_config("", all);
+  return testing::harness_job(o.steps, {o.overrides, extra});
 }
 
-struct RunResult {
-  std::vector<double> loss, grad_norm;
-};
-
-RunResult run(Trainer& t, int steps) {
-  RunResult r;
-  for (int s = 0; s < steps; ++s) {
-    StepRecord rec = t.step(true);
-    r.loss.push_back(rec.loss);
-    r.grad_norm.push_back(rec.grad_norm);
-  }
-  return r;
-}
-
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+using testing::rel;
+using testing::RunResult;
+RunResult run(Trainer& t, int steps) { return testing::run_steps(t, steps); }
 
 }  // namespace
 
@@ -160,38 +129,9 @@ int main(int argc, char** argv) {
                     worst_loss, worst_norm, o.tol);
       }
       // Final parameters: rank 0 broadcasts each reference tensor; every rank checks its shard.
-      double worst_param = 0;
-      std::string worst_name;
-      for (const ParamInfo& p : dist.plan().params()) {
-        Tensor full = Tensor::empty(p.global_shape, p.dtype);
-        if (rank == 0) full.copy_from_host(ref_trainer->params().master_to_host(p.name));
-        world.broadcast(full, 0, host->stream(0));
-        Tensor mine = dist.params().master_to_host(p.name);
-        // Walk the local block; each element maps to global index piece.begin + local index.
-        const Shape& ls = p.local_shape;
-        const int rk = ls.rank();
-        std::vector<int64_t> idx(size_t(rk), 0);
-        for (int64_t i = 0; i < mine.numel(); ++i) {
-          std::vector<int64_t> gidx(static_cast<size_t>(rk));
-          int64_t flat = 0;
-          for (int d = 0; d < rk; ++d) {
-            gidx[size_t(d)] = p.piece.at(d) + idx[size_t(d)];
-            flat = flat * p.global_shape[d] + gidx[size_t(d)];
-          }
-          const bool pad = p.piece.is_padding(gidx, p.global_shape);
-          double x = mine.item_as_double(i);
-          double want = pad ? 0.0 : full.item_as_double(flat);
-          double diff = pad ? (x == 0.0 ? 0.0 : 1.0) : std::abs(x - want) / (1.0 + std::abs(want));
-          if (diff > worst_param) {
-            worst_param = diff;
-            worst_name = fmt::format("{}[flat {}]", p.name, pad ? -1 : flat);
-          }
-          for (int d = rk - 1; d >= 0; --d) {
-            if (++idx[size_t(d)] < ls[d]) break;
-            idx[size_t(d)] = 0;
-          }
-        }
-      }
+      const testing::ParamDiff pd = testing::compare_params(dist, ref_trainer.get(), world, *host);
+      const double worst_param = pd.worst;
+      const std::string& worst_name = pd.where;
       if (!(worst_param <= o.tol)) {
         ++failures;
         std::printf("rank %d: parameter %s differs by %.3e (tolerance %.1e)\n", rank,

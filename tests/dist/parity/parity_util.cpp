@@ -1,0 +1,80 @@
+// Parity harness helpers; compare_params walks each rank's block against the broadcast tensor.
+#include "parity_util.h"
+
+#include <cmath>
+
+namespace meshtrain::testing {
+
+JobConfig harness_job(int steps, const std::vector<std::vector<std::string>>& overrides) {
+  std::vector<std::string> all = {"--job.device",
+                                  "cpu",
+                                  "--model.flavor",
+                                  "tiny",
+                                  "--training.seq_len",
+                                  "32",
+                                  "--training.steps",
+                                  std::to_string(steps),
+                                  "--training.seed",
+                                  "3",
+                                  "--optimizer.lr",
+                                  "3e-3",
+                                  "--lr_scheduler.warmup_steps",
+                                  "3",
+                                  "--metrics.enable_jsonl",
+                                  "false",
+                                  "--job.dump_folder",
+                                  "/tmp/meshtrain_parity"};
+  for (const auto& o : overrides) all.insert(all.end(), o.begin(), o.end());
+  return parse_job_config("", all);
+}
+
+RunResult run_steps(Trainer& t, int steps) {
+  RunResult r;
+  for (int s = 0; s < steps; ++s) {
+    StepRecord rec = t.step(true);
+    r.loss.push_back(rec.loss);
+    r.grad_norm.push_back(rec.grad_norm);
+  }
+  t.wait_for_checkpoint();
+  return r;
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+ParamDiff compare_params(const Trainer& got, const Trainer* ref, Communicator& comm,
+                         Backend& host) {
+  ParamDiff out;
+  for (const ParamInfo& p : got.plan().params()) {
+    Tensor full = Tensor::empty(p.global_shape, p.dtype);
+    if (comm.rank() == 0) full.copy_from_host(ref->params().master_to_host(p.name));
+    comm.broadcast(full, 0, host.stream(0));
+    Tensor mine = got.params().master_to_host(p.name);
+    // Walk the local block; each element maps to global index piece.begin + local index.
+    const Shape& ls = p.local_shape;
+    const int rk = ls.rank();
+    std::vector<int64_t> idx(size_t(rk), 0);
+    for (int64_t i = 0; i < mine.numel(); ++i) {
+      std::vector<int64_t> gidx(static_cast<size_t>(rk));
+      int64_t flat = 0;
+      for (int d = 0; d < rk; ++d) {
+        gidx[size_t(d)] = p.piece.at(d) + idx[size_t(d)];
+        flat = flat * p.global_shape[d] + gidx[size_t(d)];
+      }
+      const bool pad = p.piece.is_padding(gidx, p.global_shape);
+      double x = mine.item_as_double(i);
+      double want = pad ? 0.0 : full.item_as_double(flat);
+      double diff = pad ? (x == 0.0 ? 0.0 : 1.0) : std::abs(x - want) / (1.0 + std::abs(want));
+      if (diff > out.worst) {
+        out.worst = diff;
+        out.where = fmt::format("{}[flat {}]", p.name, pad ? -1 : flat);
+      }
+      for (int d = rk - 1; d >= 0; --d) {
+        if (++idx[size_t(d)] < ls[d]) break;
+        idx[size_t(d)] = 0;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace meshtrain::testing
