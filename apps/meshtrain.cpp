@@ -1,6 +1,6 @@
-// meshtrain command line: `train`, `plan` and `tokenize` subcommands. Thin: parsing and error
-// reporting here, the work in train/. Every failure is one clear line and a non-zero exit; in a
-// multi-rank run the failing rank aborts the job so no rank hangs.
+// meshtrain command line: `train`, `plan`, `convert` and `tokenize` subcommands. Thin: parsing and
+// error reporting here, the work in train/. Every failure is one clear line and a non-zero exit; in
+// a multi-rank run the failing rank aborts the job so no rank hangs.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/hf_config.h"
 #include "meshtrain/comm/backends_info.h"
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
@@ -16,6 +17,7 @@
 #include "meshtrain/core/version.h"
 #include "meshtrain/data/tokenize_dataset.h"
 #include "meshtrain/data/tokenizer.h"
+#include "meshtrain/train/convert.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/plan_report.h"
 #include "meshtrain/train/trainer.h"
@@ -37,11 +39,24 @@ const Command kCommands[] = {
      "  --config FILE     TOML job config (torchtitan's sections; also --job.config_file)\n"
      "  --nproc N         start N local ranks under mpirun\n",
      true},
-    {"plan", "plan --config FILE [--world N] [--rank R] [--section.key VALUE ...]",
+    {"plan",
+     "plan --config FILE [--hf-config PATH] [--world N] [--rank R] [--section.key VALUE ...]",
      "print parameter counts, FLOPs per token and the planned memory of one rank (no training)",
      "  --config FILE     TOML job config\n"
+     "  --hf-config PATH  size the model from a Hugging Face config.json (or its folder)\n"
      "  --world N         ranks of the layout (default: the smallest the degrees fit)\n"
      "  --rank R          the rank to plan (default 0)\n",
+     true},
+    {"convert",
+     "convert --input PATH --output PATH [--dtype float32|bfloat16|float16] [--max-shard-gb G] "
+     "[--config FILE] [--section.key VALUE ...]",
+     "meshtrain checkpoint (a step-N folder) <-> Hugging Face folder, offline, tensor by tensor",
+     "  --input PATH      a meshtrain step-N folder, or a Hugging Face folder (config.json +\n"
+     "                    safetensors)\n"
+     "  --output PATH     the folder to write (the other format)\n"
+     "  --dtype NAME      dtype of an HF export (default float32)\n"
+     "  --max-shard-gb G  size of each HF safetensors shard\n"
+     "  --config FILE     the job config whose model the checkpoint holds (HF -> meshtrain)\n",
      true},
     {"tokenize",
      "tokenize --input PATH --output FILE.bin|FOLDER [--dataset text|jsonl|fortunes] "
@@ -104,7 +119,8 @@ struct Args {
 Args parse_args(int argc, char** argv, const std::vector<std::string>& own_options) {
   Args a;
   if (argc < 2)
-    MT_THROW(ConfigError, "no command given: expected train, plan or tokenize (meshtrain --help)");
+    MT_THROW(ConfigError,
+             "no command given: expected train, plan, convert or tokenize (meshtrain --help)");
   a.command = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string s = argv[i];
@@ -142,12 +158,37 @@ int run_train(int argc, char** argv) {
 }
 
 int run_plan(int argc, char** argv) {
-  Args a = parse_args(argc, argv, {"--world", "--rank"});
-  MT_CHECK_T(ConfigError, !a.config.empty(), "plan needs --config FILE (see configs/)");
+  Args a = parse_args(argc, argv, {"--world", "--rank", "--hf-config"});
+  MT_CHECK_T(ConfigError, !a.config.empty() || a.options.count("--hf-config"),
+             "plan needs --config FILE (see configs/) or --hf-config PATH");
+  if (a.options.count("--hf-config")) {
+    // The model family follows config.json's architecture; explicit overrides still win.
+    const std::string path = a.options["--hf-config"];
+    a.overrides.insert(
+        a.overrides.begin(),
+        {"--model.name", meshtrain::read_hf_config(path).model_name, "--model.hf_config", path});
+  }
   meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
   int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 0;
   int rank = a.options.count("--rank") ? std::stoi(a.options["--rank"]) : 0;
   std::printf("%s", meshtrain::plan_report(cfg, world, rank).c_str());
+  return 0;
+}
+
+int run_convert(int argc, char** argv) {
+  Args a = parse_args(argc, argv, {"--input", "--output", "--dtype", "--max-shard-gb"});
+  meshtrain::ConvertRequest r;
+  r.input = a.options["--input"];
+  r.output = a.options["--output"];
+  r.config = a.config;
+  r.overrides = a.overrides;
+  if (a.options.count("--dtype")) r.dtype = a.options["--dtype"];
+  if (a.options.count("--max-shard-gb")) {
+    const double gb = std::stod(a.options["--max-shard-gb"]);
+    MT_CHECK_T(ConfigError, gb > 0, "--max-shard-gb expects a positive size, found {}", gb);
+    r.max_shard_bytes = int64_t(gb * 1e9);
+  }
+  meshtrain::run_convert(r);
   return 0;
 }
 
@@ -207,13 +248,15 @@ int main(int argc, char** argv) {
         }
     if (command == "train") return run_train(argc, argv);
     if (command == "plan") return run_plan(argc, argv);
+    if (command == "convert") return run_convert(argc, argv);
     if (command == "tokenize") return run_tokenize(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
       std::printf("%s", usage().c_str());
       return 0;
     }
     MT_THROW(ConfigError,
-             "unknown command '{}': expected train, plan or tokenize (meshtrain --help)", command);
+             "unknown command '{}': expected train, plan, convert or tokenize (meshtrain --help)",
+             command);
   } catch (const meshtrain::Error& e) {
     // A config error is the same on every rank: rank 0 alone reports it, every rank exits non-zero.
     if (e.kind() != meshtrain::ErrorKind::kConfig || meshtrain::detect_launch().rank == 0)

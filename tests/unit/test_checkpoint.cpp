@@ -275,12 +275,9 @@ TEST_F(CheckpointTest, BadPathsAndKeys) {
   EXPECT_CONTAINS(cfg_error({"--checkpoint.last_save_in_hf", "true",
                              "--checkpoint.last_save_model_only", "false"}),
                   "last_save_in_hf = true needs last_save_model_only = true");
-  EXPECT_CONTAINS(load_error(job("x", {"--checkpoint.last_save_in_hf", "true",
-                                       "--checkpoint.last_save_model_only", "true"})),
-                  "writing Hugging Face weights is not built yet");
   EXPECT_CONTAINS(load_error(job("x", {"--checkpoint.initial_load_path", dir_.string(),
                                        "--checkpoint.initial_load_in_hf", "true"})),
-                  "loading Hugging Face weights");
+                  "HF folder '" + dir_.string() + "' has no config.json");
   EXPECT_CONTAINS(load_error(job("x", {"--checkpoint.initial_load_path", dir_.string(),
                                        "--checkpoint.initial_load_model_only", "false"})),
                   "is not a complete checkpoint: it has no index.json");

@@ -21,6 +21,7 @@ struct HfContext {
   ParamStore& store;  // this rank's masters and buffers
   Backend& backend;
   Communicator& world;
+  int64_t seq_len = 0;  // [training] seq_len: whether YaRN applies (config.json check and export)
 };
 
 struct HfLoadStats {

@@ -155,7 +155,8 @@ void CheckpointManager::save(int64_t step, int64_t optimizer_step, int64_t lr_st
   world_.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   if (last && options_.last_save_in_hf) {
-    save_hf_checkpoint(p->tmp, HfContext{model_, plan_, store_, backend_, world_},
+    save_hf_checkpoint(p->tmp,
+                       HfContext{model_, plan_, store_, backend_, world_, loader_.seq_len()},
                        options_.export_dtype);
     world_.barrier();
     if (rank_ == 0) {

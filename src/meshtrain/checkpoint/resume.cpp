@@ -100,8 +100,8 @@ ResumePoint CheckpointManager::load_at_start() {
 
   const std::vector<std::string>& ex = options_.exclude_from_loading;
   if (hf) {
-    const HfLoadStats st =
-        load_hf_checkpoint(dir, HfContext{model_, plan_, store_, backend_, world_});
+    const HfLoadStats st = load_hf_checkpoint(
+        dir, HfContext{model_, plan_, store_, backend_, world_, loader_.seq_len()});
     log_info(
         "checkpoint: loaded Hugging Face weights from {}, read {} on this rank; training "
         "starts at step 0",

@@ -117,10 +117,19 @@ double torch_default_eps(DType d) {
   }
 }
 
+}  // namespace
+
+double DeepSeekV3Args::final_eps(DType compute) const {
+  return final_norm_eps > 0 ? final_norm_eps : torch_default_eps(compute);
+}
+
+namespace {
+
 class DeepSeekV3 final : public Model {
  public:
   DeepSeekV3(DeepSeekV3Args args, std::string flavor)
       : a_(std::move(args)), flavor_(std::move(flavor)) {}
+  const DeepSeekV3Args& args() const { return a_; }
   std::string name() const override { return "deepseek_v3"; }
   std::string flavor() const override { return flavor_; }
   int64_t vocab_size() const override { return a_.vocab_size; }
@@ -151,16 +160,22 @@ std::string DeepSeekV3::describe() const {
       m.num_expert_groups > 0
           ? fmt::format(", {} of {} groups", m.num_limited_groups, m.num_expert_groups)
           : std::string();
+  const std::string yarn =
+      !a_.yarn_apply
+          ? fmt::format("YaRN factor {:g} beyond {}", a_.rope_factor, a_.original_seq_len)
+      : *a_.yarn_apply ? fmt::format("YaRN factor {:g} over {} at every length", a_.rope_factor,
+                                     a_.original_seq_len)
+                       : std::string("no YaRN");
   return fmt::format(
       "deepseek_v3 {}: dim {}, {} layers ({} dense, ffn {}), {} heads, MLA (q_lora {}, kv_lora {}, "
       "qk {}+{}, v {}), MoE {} experts top-{} {}{}{}{} + {} shared, hidden {}, load_balance_coeff "
-      "{:g}, vocab {}, rope theta {:g} (YaRN factor {:g} beyond {})",
+      "{:g}, vocab {}, rope theta {:g} ({})",
       flavor_, a_.dim, a_.n_layers, std::min(a_.n_dense_layers, a_.n_layers), a_.inter_dim,
       a_.n_heads, a_.q_lora_rank, a_.kv_lora_rank, a_.qk_nope_head_dim, a_.qk_rope_head_dim,
       a_.v_head_dim, m.num_experts, m.top_k, m.score_func, m.route_norm ? " normed" : "",
       m.route_scale != 1.0 ? fmt::format(" ×{:g}", m.route_scale) : std::string(), groups,
       m.num_shared_experts, a_.moe_inter_dim, m.load_balance_coeff, a_.vocab_size, a_.rope_theta,
-      a_.rope_factor, a_.original_seq_len);
+      yarn);
 }
 
 // Blocks take the residual stream's token shard x [T/tp, dim] and return on that shard:
@@ -282,7 +297,7 @@ ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in)
                                     : feed_forward(b, plan, x, a_.dim, a_.inter_dim, init_std));
   }
   ValueId nw = plan.param(b, "norm.weight", {a_.dim}, InitSpec::ones());
-  h = ops::rmsnorm(b, h, nw, torch_default_eps(cdt));
+  h = ops::rmsnorm(b, h, nw, a_.final_eps(cdt));
   const double out_std = 1.0 / std::sqrt(double(a_.dim));
   ValueId wout = plan.param(b, "output.weight", {a_.vocab_size, a_.dim},
                             InitSpec::trunc_normal(out_std, -3 * out_std, 3 * out_std));
@@ -298,6 +313,11 @@ std::unique_ptr<Model> create_deepseek_v3(const DeepSeekV3Args& args, const std:
   MT_CHECK_T(ConfigError, args.vocab_size > 0,
              "deepseek_v3 {}: vocab_size must be positive, found {}", flavor, args.vocab_size);
   return std::make_unique<DeepSeekV3>(args, flavor);
+}
+
+const DeepSeekV3Args* deepseek_v3_args_of(const Model& model) {
+  const auto* m = dynamic_cast<const DeepSeekV3*>(&model);
+  return m ? &m->args() : nullptr;
 }
 
 std::unique_ptr<Model> create_deepseek_v3(const ModelOptions& o) {

@@ -4,6 +4,7 @@
 // SwiGLU experts over grouped GEMMs, shared experts), untied output projection.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,14 +55,21 @@ struct DeepSeekV3Args {
   double beta_fast = 32;
   double beta_slow = 1;
   double mscale = 1.0;
+  // Unset: YaRN applies when seq_len > original_seq_len (torchtitan's rule); models read from an
+  // HF config.json set it (HF applies a yarn rope_scaling at every length).
+  std::optional<bool> yarn_apply;
+  // The final norm's eps; 0 = torch's default for the compute dtype (torchtitan's nn.RMSNorm(dim)).
+  double final_norm_eps = 0;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
-  // qk_head_dim^-0.5, times mscale'^2 with mscale' = 0.1·mscale·ln(rope_factor) + 1 when
-  // seq_len > original_seq_len (torchtitan: max_seq_len is the training seq_len).
+  // qk_head_dim^-0.5, times mscale'^2 with mscale' = 0.1·mscale·ln(rope_factor) + 1 when YaRN
+  // applies (torchtitan: seq_len > original_seq_len, max_seq_len being the training seq_len).
   double softmax_scale(int64_t seq_len) const;
   // YaRN on the rope part, applied when seq_len > original_seq_len (torchtitan's rule).
   ops::RopeConfig rope_config() const;
   bool is_moe_layer(int layer) const { return layer >= n_dense_layers; }
+  // The eps the final norm uses in a run computing in `compute`.
+  double final_eps(DType compute) const;
   // ConfigError naming the field when the shapes cannot work.
   void validate(const std::string& flavor) const;
 };
@@ -73,6 +81,8 @@ std::vector<std::string> deepseek_v3_flavors();
 std::unique_ptr<Model> create_deepseek_v3(const ModelOptions& options);
 // A model from explicit args (tests build tiny models this way).
 std::unique_ptr<Model> create_deepseek_v3(const DeepSeekV3Args& args, const std::string& flavor);
+// The args a deepseek_v3 model was built with; nullptr when `model` is another family.
+const DeepSeekV3Args* deepseek_v3_args_of(const Model& model);
 
 // The layer builders, on weights the caller provides (the model passes plan.param values; tests
 // pass graph inputs). Unused optional weights are kNoValue.

@@ -31,7 +31,7 @@ DType router_dtype(DType compute_dtype) {
 
 double DeepSeekV3Args::softmax_scale(int64_t seq_len) const {
   double scale = 1.0 / std::sqrt(double(qk_head_dim()));
-  if (seq_len > original_seq_len) {
+  if (ops::yarn_applies(rope_config(), seq_len)) {
     const double m = ops::yarn_mscale(rope_factor, mscale);
     scale *= m * m;
   }
@@ -46,7 +46,8 @@ ops::RopeConfig DeepSeekV3Args::rope_config() const {
   c.beta_fast = beta_fast;
   c.beta_slow = beta_slow;
   c.original_seq_len = original_seq_len;
-  return c;  // yarn_apply unset: YaRN applies when the table's seq_len > original_seq_len
+  c.yarn_apply = yarn_apply;  // unset: YaRN applies when the table's seq_len > original_seq_len
+  return c;
 }
 
 ValueId mla_forward(Builder& b, const DeepSeekV3Args& a, const MlaWeights& w, ValueId x,

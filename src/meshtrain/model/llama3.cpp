@@ -16,10 +16,22 @@
 namespace meshtrain {
 
 int64_t Llama3Args::ffn_hidden() const {
+  if (ffn_hidden_dim > 0) return ffn_hidden_dim;
   int64_t hidden = 4 * dim;
   hidden = int64_t(2 * hidden / 3);
   if (ffn_dim_multiplier) hidden = int64_t(*ffn_dim_multiplier * double(hidden));
   return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+ops::RopeConfig Llama3Args::rope_config() const {
+  ops::RopeConfig rc;
+  rc.scaling = rope_scaling;
+  rc.theta = rope_theta;
+  rc.scale_factor = rope_scale_factor;
+  rc.low_freq_factor = rope_low_freq_factor;
+  rc.high_freq_factor = rope_high_freq_factor;
+  rc.original_max_position_embeddings = rope_original_max_positions;
+  return rc;
 }
 
 namespace {
@@ -69,6 +81,7 @@ namespace {
 class Llama3 final : public Model {
  public:
   Llama3(Llama3Args args, std::string flavor) : a_(args), flavor_(std::move(flavor)) {}
+  const Llama3Args& args() const { return a_; }
   std::string name() const override { return "llama3"; }
   std::string flavor() const override { return flavor_; }
   int64_t vocab_size() const override { return a_.vocab_size; }
@@ -76,9 +89,9 @@ class Llama3 final : public Model {
   std::string describe() const override {
     return fmt::format(
         "llama3 {}: dim {}, {} layers, {} heads ({} kv, head dim {}), ffn {}, vocab {}, rope "
-        "theta {:g} (llama3 scaling)",
+        "theta {:g} ({} scaling)",
         flavor_, a_.dim, a_.n_layers, a_.n_heads, a_.kv_heads(), a_.head_dim(), a_.ffn_hidden(),
-        a_.vocab_size, a_.rope_theta);
+        a_.vocab_size, a_.rope_theta, a_.rope_scaling);
   }
   double attention_flops_per_token(int64_t seq_len) const override {
     return 6.0 * a_.n_layers * a_.n_heads * double(2 * a_.head_dim()) * double(seq_len);
@@ -138,9 +151,7 @@ ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
     auto s = b.scope("tok_embeddings");
     h = ops::embedding(b, tokens, emb);
   }
-  ops::RopeConfig rc;
-  rc.scaling = "llama3";
-  rc.theta = a_.rope_theta;
+  const ops::RopeConfig rc = a_.rope_config();
   // The rotation table is computed in float32 (float64 for float64 runs), like torchtitan's
   // complex64 freqs_cis.
   ValueId table = ops::rope_table(b, in.seq_len, a_.head_dim(), rc,
@@ -170,14 +181,26 @@ ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
 
 }  // namespace
 
+std::unique_ptr<Model> create_llama3(const Llama3Args& a, const std::string& flavor) {
+  MT_CHECK_T(ConfigError, a.dim % a.n_heads == 0 && a.n_heads % a.kv_heads() == 0,
+             "llama3 {}: dim {} must divide by n_heads {} and n_heads by n_kv_heads {}", flavor,
+             a.dim, a.n_heads, a.kv_heads());
+  MT_CHECK_T(ConfigError, a.vocab_size > 0, "llama3 {}: vocab_size must be positive, found {}",
+             flavor, a.vocab_size);
+  ops::validate_rope_config(a.rope_config(), a.head_dim());
+  return std::make_unique<Llama3>(a, flavor);
+}
+
 std::unique_ptr<Model> create_llama3(const ModelOptions& o) {
   Llama3Args a = llama3_flavor(o.flavor);
   a.vocab_size = resolve_vocab(o, a.vocab_size);
   if (o.n_layers_override > 0) a.n_layers = o.n_layers_override;
-  MT_CHECK_T(ConfigError, a.dim % a.n_heads == 0 && a.n_heads % a.kv_heads() == 0,
-             "llama3 {}: dim {} must divide by n_heads {} and n_heads by n_kv_heads {}", o.flavor,
-             a.dim, a.n_heads, a.kv_heads());
-  return std::make_unique<Llama3>(a, o.flavor);
+  return create_llama3(a, o.flavor);
+}
+
+const Llama3Args* llama3_args_of(const Model& model) {
+  const auto* m = dynamic_cast<const Llama3*>(&model);
+  return m ? &m->args() : nullptr;
 }
 
 }  // namespace meshtrain

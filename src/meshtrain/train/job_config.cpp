@@ -104,6 +104,9 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("model", "router_zero_init", &J::model, &ModelSection::router_zero_init,
                     "MoE models: all-zero initial router gate (every token ties and goes to the "
                     "lowest experts; for testing experts and ranks that receive nothing)"));
+  t.push_back(field("model", "hf_config", &J::model, &ModelSection::hf_config,
+                    "HF config.json (or a folder holding one) giving the model's dims instead of "
+                    "the flavor; \"\" = the flavor's"));
   // [optimizer]
   t.push_back(field("optimizer", "name", &J::optimizer, &OptimizerSection::name, "Optimizer to use",
                     {"AdamW"}));
@@ -371,6 +374,11 @@ std::vector<Binding> make_bindings() {
                     "Also save right after step 1 (checks that checkpointing works early)"));
   t.push_back(field("checkpoint", "load_only", &J::checkpoint, &C::load_only,
                     "Load checkpoints as usual but never save one"));
+  // [debug]
+  t.push_back(field("debug", "dump_step", &J::debug, &DebugSection::dump_step,
+                    "Write the weights (HF folder), global gradients and expert loads of this step "
+                    "under <dump_folder>/debug/step-N (for an external reference); 0 = off")
+                  .at_least(0));
   add_unhonoured_rows(t);
   return t;
 }

@@ -44,6 +44,9 @@ struct ModelSection {
   // lowest-numbered experts (the rest, and the EP ranks owning them, receive nothing). For tests
   // of empty experts; training moves the gate away from zero after the first step.
   bool router_zero_init = false;
+  // An HF config.json (or a folder holding one) whose dims the model takes instead of the
+  // flavor's; "" = the flavor. [model] name must match its architecture.
+  std::string hf_config;
 };
 
 struct OptimizerSection {
@@ -123,6 +126,13 @@ struct ProfilingSection {
   std::string save_traces_folder = "profile_traces";
 };
 
+struct DebugSection {
+  // > 0: at this step, write under <dump_folder>/debug/step-N/ the weights the step starts from
+  // (an HF folder), its global gradients (gradients.safetensors, HF names), the tokens each
+  // expert received and the windows it read: what an external reference needs to replay it.
+  int64_t dump_step = 0;
+};
+
 struct CommSection {
   int64_t init_timeout_seconds = 300;
   int64_t train_timeout_seconds = 100;
@@ -167,6 +177,7 @@ struct JobConfig {
   // Start-up notes: one per ignored key the user set, saying what meshtrain does instead.
   std::vector<std::string> notes;
   CheckpointSection checkpoint;
+  DebugSection debug;
 };
 
 // The schema of every key above, with types, ranges, choices and help.

@@ -1,6 +1,7 @@
 // build_step_graph: the one place the step graph is assembled.
 #include "meshtrain/train/step_graph.h"
 
+#include "meshtrain/checkpoint/hf_config.h"
 #include "meshtrain/graph/autodiff.h"
 #include "meshtrain/graph/passes/assign_streams.h"
 #include "meshtrain/graph/passes/fuse_slice_grads.h"
@@ -40,7 +41,9 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   mo.load_balance_coeff = cfg.model.load_balance_coeff;
   mo.moe_top_k = cfg.model.moe_top_k;
   mo.router_zero_init = cfg.model.router_zero_init;
-  sg->model = create_model(mo);
+  sg->model = cfg.model.hf_config.empty()
+                  ? create_model(mo)
+                  : create_model_from_hf(read_hf_config(cfg.model.hf_config), mo);
   sg->plan = std::make_unique<ParallelPlan>(PlanConfig{.master_dtype = o.master_dtype,
                                                        .compute_dtype = o.compute_dtype,
                                                        .reduce_dtype = o.reduce_dtype},

@@ -203,6 +203,8 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
                                     services_.get(), mesh_->comm("world"), dp_rank, dp);
     for (const std::string& n : validator_->notes()) notes_.push_back(n);
   }
+  if (cfg_.debug.dump_step > 0)
+    debug_dump_ = std::make_unique<DebugDump>(dump_folder_, cfg_.debug.dump_step);
   sg.reset();
   log_startup();
   start_checkpointing(mesh_->dims());
@@ -308,8 +310,17 @@ double Trainer::read_step_loss() {
   return host_scalar_.item_as_double(0);
 }
 
+HfRunContext Trainer::hf_context() {
+  return HfRunContext{
+      *model_, *plan_, *store_, *backend_, cfg_.training.seq_len, compute_dtype_, rank_, [this] {
+        mesh_->comm("world").barrier();
+      }};
+}
+
 StepRecord Trainer::step(bool read_back) {
   ++step_;
+  const bool dump = debug_dump_ && debug_dump_->at(step_);
+  if (dump) debug_dump_->weights(hf_context());
   Stream& s = backend_->stream(0);
   backend_->fill_zero(loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(), s);
   // Profiled steps only: the observer records events around every node of this step's runs.
@@ -330,10 +341,27 @@ StepRecord Trainer::step(bool read_back) {
   StepRecord r;
   r.step = step_;
   r.lr = schedule_->lr_at_step(step_ + lr_offset_);
+  if (dump) debug_dump_->gradients(hf_context());
   optimizer_->step(step_ + optimizer_offset_, r.lr);
-  if (read_back) {
+  if (read_back || dump) {
     r.loss = read_step_loss();
     r.grad_norm = optimizer_->last_grad_norm();
+  }
+  if (dump) {
+    std::vector<std::pair<std::string, std::vector<double>>> loads;
+    for (MoeLayerLoad& l : moe_load()) loads.emplace_back(l.layer, std::move(l.tokens));
+    const int64_t rows = tokens_per_step_ / cfg_.training.seq_len;
+    if (rank_ == 0)
+      debug_dump_->summary({.step = step_,
+                            .seq_len = cfg_.training.seq_len,
+                            .rows_per_step = rows,
+                            .window_begin = (step_ - 1) * rows,
+                            .windows_per_epoch = loader_->windows_per_epoch(),
+                            .dataset = cfg_.training.dataset,
+                            .loss = r.loss,
+                            .grad_norm = r.grad_norm,
+                            .lr = r.lr},
+                           loads);
   }
   checkpointer_->after_step(step_, step_ + optimizer_offset_, step_ + lr_offset_, r.lr);
   return r;

@@ -20,6 +20,7 @@
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/optim/param_store.h"
 #include "meshtrain/parallel/mesh.h"
+#include "meshtrain/train/debug_dump.h"
 #include "meshtrain/train/input_feeder.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/metrics.h"
@@ -87,6 +88,7 @@ class Trainer {
   void start_checkpointing(const ParallelDims& dims);
   double read_step_loss();
   void log_step(const StepRecord& r, double elapsed, int64_t steps_since);
+  HfRunContext hf_context();
 
   JobConfig cfg_;
   LaunchInfo launch_;
@@ -123,7 +125,8 @@ class Trainer {
   Tensor host_load_;  // staging for moe_load(): every MoE layer's counts, back to back
   int64_t accum_steps_ = 1, tokens_per_step_ = 0, step_ = 0;
   std::string dump_folder_;
-  std::vector<std::string> notes_;  // start-up notes of the run (stand-in tokenizer, data)
+  std::vector<std::string> notes_;         // start-up notes of the run (stand-in tokenizer, data)
+  std::unique_ptr<DebugDump> debug_dump_;  // [debug] dump_step
 };
 
 // Resolves [job] device "auto" and the compute/master/reduce dtypes for that device, with the
