@@ -160,8 +160,6 @@ MT_REGISTER_OPS {
                                       c.attrs().s("group")),
                       kNoValue, kNoValue, kNoValue};
                 },
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                            const Attrs&, DeviceType) { return exchange_bytes(in, out, true); },
             .collective = true});
   r.add_op({.name = "ep_from_experts",
             .infer = infer_exchange,
@@ -172,8 +170,6 @@ MT_REGISTER_OPS {
                       ep_to_experts(c.b, c.grad_out(0), c.in(1), l, c.attrs().s("group")), kNoValue,
                       kNoValue, kNoValue};
                 },
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                            const Attrs&, DeviceType) { return exchange_bytes(in, out, false); },
             .collective = true});
 
   KernelFn counts = [](KernelContext& c) {
@@ -207,8 +203,13 @@ MT_REGISTER_OPS {
   };
   for (DeviceType d : {DeviceType::kCPU, DeviceType::kCUDA}) {
     r.add_kernel("ep_counts", d, counts);
-    r.add_kernel("ep_to_experts", d, exchange_kernel(true));
-    r.add_kernel("ep_from_experts", d, exchange_kernel(false));
+    // Scratch: the peer-major exchange buffer (see exchange_bytes).
+    r.add_kernel("ep_to_experts", d, exchange_kernel(true),
+                 [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                    const Attrs&) { return exchange_bytes(in, out, true); });
+    r.add_kernel("ep_from_experts", d, exchange_kernel(false),
+                 [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                    const Attrs&) { return exchange_bytes(in, out, false); });
   }
 }
 

@@ -1,8 +1,6 @@
-// attention / attention_backward: shape inference, CPU workspace sizes and the backward rule.
+// attention / attention_backward: shape inference and the backward rule.
 // The gradient of lse is not supported: the model never puts lse on the path to the loss.
 #include "meshtrain/ops/attention.h"
-
-#include <algorithm>
 
 namespace meshtrain::ops {
 
@@ -48,24 +46,6 @@ AttentionGrads attention_backward(Builder& b, ValueId q, ValueId k, ValueId v, V
   return {g[0], g[1], g[2]};
 }
 
-namespace {
-
-// CPU kernels compute in the input dtype (float32 or float64), one [row block, S] tile at a time.
-size_t cpu_tile_bytes(const TensorMeta& q) {
-  const int64_t s = q.shape[1];
-  const size_t elem = dtype_size(q.dtype == DType::kF64 ? DType::kF64 : DType::kF32);
-  return size_t(std::min(s, kCpuAttentionRowBlock) * s) * elem;
-}
-
-// CUDA backward: delta = rowsum(dout * out) per (batch, q head, row), in the accumulation type
-// (fp32 for bf16/fp32, fp64 for fp64). The forward needs no scratch on CUDA.
-size_t cuda_delta_bytes(const TensorMeta& q) {
-  const size_t elem = q.dtype == DType::kF64 ? sizeof(double) : sizeof(float);
-  return size_t(q.shape[0] * q.shape[2] * q.shape[1]) * elem;
-}
-
-}  // namespace
-
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
   r.add_op({.name = "attention",
@@ -88,34 +68,21 @@ MT_REGISTER_OPS {
                       attention_backward(c.b, c.in(0), c.in(1), c.in(2), c.out(0), c.out(1),
                                          c.grad_out(0), a.f("softmax_scale"), a.b("causal"));
                   return std::vector<ValueId>{g.dq, g.dk, g.dv};
-                },
-            // CPU: one [row block, S] tile of scores/probabilities, reused across heads.
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                            const Attrs&, DeviceType device) -> size_t {
-              return device == DeviceType::kCPU ? cpu_tile_bytes(in[0]) : 0;
-            }});
+                }});
   r.add_op(
-      {.name = "attention_backward",
-       .infer =
-           [](const std::vector<TensorMeta>& in, const Attrs&) {
-             MT_CHECK_T(ShapeError, in.size() == 6,
-                        "attention_backward takes (q, k, v, out, lse, dout), found {} inputs",
-                        in.size());
-             AttentionDims d = attention_dims(in[0], in[1], in[2]);
-             TensorMeta out{Shape{d.batch, d.seq, d.heads_q, d.dim_v}, in[0].dtype};
-             TensorMeta lse{Shape{d.batch, d.heads_q, d.seq}, attention_lse_dtype(in[0].dtype)};
-             MT_CHECK_T(ShapeError, in[3] == out && in[5] == out,
-                        "attention_backward: out and dout must be {} {}, found {} {} and {} {}",
-                        out.dtype, out.shape, in[3].dtype, in[3].shape, in[5].dtype, in[5].shape);
-             MT_CHECK_T(ShapeError, in[4] == lse,
-                        "attention_backward: lse must be {} {}, found {} {}", lse.dtype, lse.shape,
-                        in[4].dtype, in[4].shape);
-             return std::vector<TensorMeta>{in[0], in[1], in[2]};
-           },
-       // CPU: tiles of the probabilities P and of their gradient dP. CUDA: the delta rows.
-       .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                       const Attrs&, DeviceType device) -> size_t {
-         return device == DeviceType::kCPU ? 2 * cpu_tile_bytes(in[0]) : cuda_delta_bytes(in[0]);
+      {.name = "attention_backward", .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
+         MT_CHECK_T(ShapeError, in.size() == 6,
+                    "attention_backward takes (q, k, v, out, lse, dout), found {} inputs",
+                    in.size());
+         AttentionDims d = attention_dims(in[0], in[1], in[2]);
+         TensorMeta out{Shape{d.batch, d.seq, d.heads_q, d.dim_v}, in[0].dtype};
+         TensorMeta lse{Shape{d.batch, d.heads_q, d.seq}, attention_lse_dtype(in[0].dtype)};
+         MT_CHECK_T(ShapeError, in[3] == out && in[5] == out,
+                    "attention_backward: out and dout must be {} {}, found {} {} and {} {}",
+                    out.dtype, out.shape, in[3].dtype, in[3].shape, in[5].dtype, in[5].shape);
+         MT_CHECK_T(ShapeError, in[4] == lse, "attention_backward: lse must be {} {}, found {} {}",
+                    lse.dtype, lse.shape, in[4].dtype, in[4].shape);
+         return std::vector<TensorMeta>{in[0], in[1], in[2]};
        }});
 }
 

@@ -1,8 +1,6 @@
 // Definitions (shape inference and backward rules) of the elementwise and structural ops.
 #include "meshtrain/ops/elementwise.h"
 
-#include "meshtrain/ops/cuda/cuda_workspace.h"
-
 namespace meshtrain::ops {
 namespace {
 std::vector<TensorMeta> same_as_first(const std::vector<TensorMeta>& in, const Attrs&) {
@@ -117,12 +115,7 @@ MT_REGISTER_OPS {
                 [](GradContext& c) {
                   return std::vector<ValueId>{
                       expand_scalar(c.b, c.grad_out(0), c.b.shape(c.in(0)))};
-                },
-            // CUDA: the float64 partials of a deterministic two-pass reduction.
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                            const Attrs&, DeviceType device) -> size_t {
-              return device == DeviceType::kCUDA ? cuda::reduce_workspace_bytes(in[0].numel()) : 0;
-            }});
+                }});
   r.add_op(
       {.name = "expand_scalar",
        .infer =

@@ -70,31 +70,19 @@ ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups) 
   return b.op1("grouped_matmul_wgrad", {a, bm, groups});
 }
 
-// CUDA runs one cuBLAS GEMM per expert (ops/cuda/grouped_matmul.cu) in cuBLAS's recommended
-// workspace on Hopper, which the memory plan hands to the node.
-static size_t cublas_workspace(const std::vector<TensorMeta>&, const std::vector<TensorMeta>&,
-                               const Attrs&, DeviceType device) {
-  return device == DeviceType::kCUDA ? size_t(32) << 20 : 0;
-}
-
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
-  r.add_op({.name = "grouped_matmul",
-            .infer = infer_gmm,
-            .backward =
-                [](GradContext& c) {
-                  const bool tw = c.attrs().b("transpose_w");
-                  std::vector<ValueId> g(3, kNoValue);
-                  if (c.needs_grad[0])
-                    g[0] = grouped_matmul(c.b, c.grad_out(0), c.in(1), c.in(2), !tw);
-                  // y_e = x_e w_eᵀ: dw_e = dy_eᵀ x_e; y_e = x_e w_e: dw_e = x_eᵀ dy_e.
-                  if (c.needs_grad[1])
-                    g[1] = tw ? grouped_matmul_wgrad(c.b, c.grad_out(0), c.in(0), c.in(2))
-                              : grouped_matmul_wgrad(c.b, c.in(0), c.grad_out(0), c.in(2));
-                  return g;
-                },
-            .workspace = cublas_workspace});
-  r.add_op({.name = "grouped_matmul_wgrad", .infer = infer_wgrad, .workspace = cublas_workspace});
+  r.add_op({.name = "grouped_matmul", .infer = infer_gmm, .backward = [](GradContext& c) {
+              const bool tw = c.attrs().b("transpose_w");
+              std::vector<ValueId> g(3, kNoValue);
+              if (c.needs_grad[0]) g[0] = grouped_matmul(c.b, c.grad_out(0), c.in(1), c.in(2), !tw);
+              // y_e = x_e w_eᵀ: dw_e = dy_eᵀ x_e; y_e = x_e w_e: dw_e = x_eᵀ dy_e.
+              if (c.needs_grad[1])
+                g[1] = tw ? grouped_matmul_wgrad(c.b, c.grad_out(0), c.in(0), c.in(2))
+                          : grouped_matmul_wgrad(c.b, c.in(0), c.grad_out(0), c.in(2));
+              return g;
+            }});
+  r.add_op({.name = "grouped_matmul_wgrad", .infer = infer_wgrad});
 }
 
 }  // namespace meshtrain::ops

@@ -5,6 +5,7 @@
 #include "meshtrain/graph/memory_plan.h"
 #include "meshtrain/model/counting.h"
 #include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/runtime/backend.h"
 #include "meshtrain/train/step_graph.h"
 #include "meshtrain/train/trainer.h"
 
@@ -20,6 +21,11 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
   MeshLayout layout(dims);
   MeshGroups groups(layout, rank);
   const std::string device = resolve_device(cfg.job.device);
+  // Node workspaces are sized by the kernels a build registers for the device.
+  MT_CHECK_T(ConfigError, backend_available(device),
+             "plan: [job] device = \"{}\" is not in this build (available: {}): the memory plan "
+             "sizes each node's scratch from that backend's kernels; plan with a build that has it",
+             device, fmt::join(available_backends(), ", "));
   StepGraphOptions so;
   so.tokenizer_vocab = make_tokenizer("byte")->vocab_size();
   so.compute_dtype = resolve_compute_dtype(cfg.training.mixed_precision_param, device);
