@@ -5,6 +5,17 @@
 
 namespace meshtrain {
 
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kNone: return "none";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kExchange: return "exchange";
+  }
+  return "?";
+}
+
 OpRegistry& OpRegistry::instance() {
   static OpRegistry r;
   return r;

@@ -39,20 +39,40 @@ using WorkspaceFn =
     std::function<size_t(const std::vector<TensorMeta>& inputs,
                          const std::vector<TensorMeta>& outputs, const Attrs& attrs)>;
 
+// What a collective op does over the mesh group in its "group" attribute (see comm/).
+enum class Collective : uint8_t {
+  kNone,
+  kAllGather,      // [n, ...] on each of k ranks -> [k·n, ...]
+  kReduceScatter,  // [k·n, ...] -> block r of the sum, on rank r
+  kAllReduce,      // the sum on every rank
+  kExchange,       // the expert-parallel token exchange (all_to_all_v, data-dependent sizes)
+};
+const char* collective_name(Collective c);  // "all_gather", ..., "exchange"
+
 struct OpDef {
   std::string name;
   InferFn infer;
-  BackwardFn backward;       // empty: not differentiable (its inputs get no gradient)
+  BackwardFn backward;  // empty: not differentiable (its inputs get no gradient)
+  // Properties: what passes decide by (a pass never tests an op's name).
   int view_of_input = -1;    // >= 0: output 0 is a view of that input's memory (no copy)
   bool side_effect = false;  // writes persistent inputs in place; never removed as dead code
-  bool collective = false;   // communicates; runs on the stream of its mesh group
+  Collective collective = Collective::kNone;  // communicates; runs on its mesh group's stream
+  bool recomputable = true;    // false: a recompute pass never clones it (the token exchange)
+  bool cast = false;           // converts the dtype, element for element
+  bool rearranges = false;     // output elements are input elements moved (reshape, slice, ...)
+  bool compute_heavy = false;  // matmul-class cost: per-op selective AC saves its outputs
+  bool sums_inputs = false;    // output = element-wise sum of its same-shaped inputs
+  // Output = zeros of extent attr "full_extent" along attr "dim", input 0 placed at attr
+  // "start": the gradient of a slice.
+  bool pads_slice = false;
+  bool is_collective() const { return collective != Collective::kNone; }
 };
 
-// Services a kernel may call: the communicator of a named mesh group.
+// Services a kernel may call: the communicator of a mesh group.
 class ExecServices {
  public:
   virtual ~ExecServices() = default;
-  virtual Communicator& comm(const std::string& group) = 0;
+  virtual Communicator& comm(MeshGroup group) = 0;
   virtual Backend& backend() = 0;
 };
 

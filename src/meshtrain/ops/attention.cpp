@@ -68,22 +68,27 @@ MT_REGISTER_OPS {
                       attention_backward(c.b, c.in(0), c.in(1), c.in(2), c.out(0), c.out(1),
                                          c.grad_out(0), a.f("softmax_scale"), a.b("causal"));
                   return std::vector<ValueId>{g.dq, g.dk, g.dv};
-                }});
+                },
+            .compute_heavy = true});
   r.add_op(
-      {.name = "attention_backward", .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
-         MT_CHECK_T(ShapeError, in.size() == 6,
-                    "attention_backward takes (q, k, v, out, lse, dout), found {} inputs",
-                    in.size());
-         AttentionDims d = attention_dims(in[0], in[1], in[2]);
-         TensorMeta out{Shape{d.batch, d.seq, d.heads_q, d.dim_v}, in[0].dtype};
-         TensorMeta lse{Shape{d.batch, d.heads_q, d.seq}, attention_lse_dtype(in[0].dtype)};
-         MT_CHECK_T(ShapeError, in[3] == out && in[5] == out,
-                    "attention_backward: out and dout must be {} {}, found {} {} and {} {}",
-                    out.dtype, out.shape, in[3].dtype, in[3].shape, in[5].dtype, in[5].shape);
-         MT_CHECK_T(ShapeError, in[4] == lse, "attention_backward: lse must be {} {}, found {} {}",
-                    lse.dtype, lse.shape, in[4].dtype, in[4].shape);
-         return std::vector<TensorMeta>{in[0], in[1], in[2]};
-       }});
+      {.name = "attention_backward",
+       .infer =
+           [](const std::vector<TensorMeta>& in, const Attrs&) {
+             MT_CHECK_T(ShapeError, in.size() == 6,
+                        "attention_backward takes (q, k, v, out, lse, dout), found {} inputs",
+                        in.size());
+             AttentionDims d = attention_dims(in[0], in[1], in[2]);
+             TensorMeta out{Shape{d.batch, d.seq, d.heads_q, d.dim_v}, in[0].dtype};
+             TensorMeta lse{Shape{d.batch, d.heads_q, d.seq}, attention_lse_dtype(in[0].dtype)};
+             MT_CHECK_T(ShapeError, in[3] == out && in[5] == out,
+                        "attention_backward: out and dout must be {} {}, found {} {} and {} {}",
+                        out.dtype, out.shape, in[3].dtype, in[3].shape, in[5].dtype, in[5].shape);
+             MT_CHECK_T(ShapeError, in[4] == lse,
+                        "attention_backward: lse must be {} {}, found {} {}", lse.dtype, lse.shape,
+                        in[4].dtype, in[4].shape);
+             return std::vector<TensorMeta>{in[0], in[1], in[2]};
+           },
+       .compute_heavy = true});
 }
 
 }  // namespace meshtrain::ops

@@ -59,7 +59,8 @@ MT_REGISTER_OPS {
             .backward =
                 [](GradContext& c) {
                   return std::vector<ValueId>{c.grad_out(0), c.grad_out(0)};
-                }});
+                },
+            .sums_inputs = true});
   r.add_op({.name = "mul",
             .infer =
                 [](const std::vector<TensorMeta>& in, const Attrs&) {
@@ -84,7 +85,8 @@ MT_REGISTER_OPS {
             .backward =
                 [](GradContext& c) {
                   return std::vector<ValueId>{cast(c.b, c.grad_out(0), c.b.dtype(c.in(0)))};
-                }});
+                },
+            .cast = true});
   r.add_op({.name = "reshape",
             .infer =
                 [](const std::vector<TensorMeta>& in, const Attrs& a) {
@@ -97,7 +99,8 @@ MT_REGISTER_OPS {
                 [](GradContext& c) {
                   return std::vector<ValueId>{reshape(c.b, c.grad_out(0), c.b.shape(c.in(0)))};
                 },
-            .view_of_input = 0});
+            .view_of_input = 0,
+            .rearranges = true});
   r.add_op({.name = "grad_cast",
             .infer = same_as_first,
             .backward =

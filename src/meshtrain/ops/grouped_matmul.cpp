@@ -72,17 +72,22 @@ ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups) 
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
-  r.add_op({.name = "grouped_matmul", .infer = infer_gmm, .backward = [](GradContext& c) {
-              const bool tw = c.attrs().b("transpose_w");
-              std::vector<ValueId> g(3, kNoValue);
-              if (c.needs_grad[0]) g[0] = grouped_matmul(c.b, c.grad_out(0), c.in(1), c.in(2), !tw);
-              // y_e = x_e w_eᵀ: dw_e = dy_eᵀ x_e; y_e = x_e w_e: dw_e = x_eᵀ dy_e.
-              if (c.needs_grad[1])
-                g[1] = tw ? grouped_matmul_wgrad(c.b, c.grad_out(0), c.in(0), c.in(2))
-                          : grouped_matmul_wgrad(c.b, c.in(0), c.grad_out(0), c.in(2));
-              return g;
-            }});
-  r.add_op({.name = "grouped_matmul_wgrad", .infer = infer_wgrad});
+  r.add_op({.name = "grouped_matmul",
+            .infer = infer_gmm,
+            .backward =
+                [](GradContext& c) {
+                  const bool tw = c.attrs().b("transpose_w");
+                  std::vector<ValueId> g(3, kNoValue);
+                  if (c.needs_grad[0])
+                    g[0] = grouped_matmul(c.b, c.grad_out(0), c.in(1), c.in(2), !tw);
+                  // y_e = x_e w_eᵀ: dw_e = dy_eᵀ x_e; y_e = x_e w_e: dw_e = x_eᵀ dy_e.
+                  if (c.needs_grad[1])
+                    g[1] = tw ? grouped_matmul_wgrad(c.b, c.grad_out(0), c.in(0), c.in(2))
+                              : grouped_matmul_wgrad(c.b, c.in(0), c.grad_out(0), c.in(2));
+                  return g;
+                },
+            .compute_heavy = true});
+  r.add_op({.name = "grouped_matmul_wgrad", .infer = infer_wgrad, .compute_heavy = true});
 }
 
 }  // namespace meshtrain::ops

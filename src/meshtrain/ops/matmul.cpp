@@ -65,7 +65,8 @@ MT_REGISTER_OPS {
                                          dB = reshape(b, dB, b.shape(B));
                                        }
                                        return std::vector<ValueId>{dA, dB};
-                                     }});
+                                     },
+                                 .compute_heavy = true});
 }
 
 }  // namespace meshtrain::ops

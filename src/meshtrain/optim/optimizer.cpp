@@ -22,7 +22,7 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
   for (size_t i = 0; i < store.groups().size(); ++i) {
     const ParamGroup& g = store.groups()[i];
     TensorMeta meta{g.master.shape(), g.master.dtype()};
-    std::string tag = g.norm_group.empty() ? "local" : g.norm_group;
+    const std::string tag = g.norm_groups.empty() ? "local" : mesh_group_list(g.norm_groups);
     bound.push_back({b.persistent("group." + tag + ".master", meta, ValueRole::kParameter),
                      b.persistent("group." + tag + ".grad", meta, ValueRole::kGradient),
                      b.persistent("group." + tag + ".exp_avg", meta, ValueRole::kState),
@@ -31,16 +31,11 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
   ValueId total = kNoValue;
   for (size_t i = 0; i < bound.size(); ++i) {
     const ParamGroup& g = store.groups()[i];
-    auto s = b.scope("grad_norm." + (g.norm_group.empty() ? std::string("local") : g.norm_group));
+    auto s = b.scope("grad_norm." + (g.norm_groups.empty() ? std::string("local")
+                                                           : mesh_group_list(g.norm_groups)));
     ValueId sq = ops::sum_squares(b, bound[i].grad);
     // Shards are disjoint over each listed group: summing over them counts every element once.
-    size_t from = 0;
-    while (from < g.norm_group.size()) {
-      size_t comma = g.norm_group.find(',', from);
-      if (comma == std::string::npos) comma = g.norm_group.size();
-      sq = ops::all_reduce(b, sq, g.norm_group.substr(from, comma - from));
-      from = comma + 1;
-    }
+    for (MeshGroup group : g.norm_groups) sq = ops::all_reduce(b, sq, group);
     total = total == kNoValue ? sq : ops::add(b, total, sq);
   }
   if (total == kNoValue) total = ops::fill(b, Shape{1}, DType::kF64, 0.0);
@@ -59,8 +54,7 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
     };
     ValueId bias = state(l.expert_bias), counter = state(l.tokens_per_expert),
             load = state(l.last_load);
-    ValueId counts =
-        lb.count_group.empty() ? kNoValue : ops::all_reduce(b, counter, lb.count_group);
+    ValueId counts = lb.count_group ? ops::all_reduce(b, counter, *lb.count_group) : kNoValue;
     ops::expert_bias_update(b, bias, counter, load, l.coeff, counts);
   }
   for (size_t i = 0; i < bound.size(); ++i) {

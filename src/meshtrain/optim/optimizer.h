@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "meshtrain/graph/executor.h"
 #include "meshtrain/ops/optimizer_ops.h"
@@ -15,8 +16,8 @@ namespace meshtrain {
 struct LoadBalanceOptions {
   std::vector<LoadBalanceLayer> layers;  // from ParallelPlan::load_balance_layers()
   // Mesh group whose ranks routed different tokens: their counts are summed before the update
-  // so every rank moves its bias identically ("" = one rank's counts are the global counts).
-  std::string count_group;
+  // so every rank moves its bias identically (unset: one rank's counts are the global counts).
+  std::optional<MeshGroup> count_group;
 };
 
 class Optimizer {

@@ -14,13 +14,13 @@ ParamStore::ParamStore(const ParallelPlan& plan, Backend& backend)
   const DType dt = plan.config().master_dtype;
   // Each parameter starts 256-byte aligned inside its flat buffer (vector loads, cuBLAS).
   const int64_t align = std::max<int64_t>(1, 256 / int64_t(dtype_size(dt)));
-  std::map<std::string, int> by_name;
+  std::map<std::vector<MeshGroup>, int> by_groups;  // groups_ keep first-seen order
   for (size_t i = 0; i < ps.size(); ++i) {
     if (!ps[i].trainable) continue;
-    auto it = by_name.find(ps[i].shard_group);
-    if (it == by_name.end()) {
-      it = by_name.emplace(ps[i].shard_group, int(groups_.size())).first;
-      groups_.push_back(ParamGroup{.norm_group = ps[i].shard_group});
+    auto it = by_groups.find(ps[i].shard_groups);
+    if (it == by_groups.end()) {
+      it = by_groups.emplace(ps[i].shard_groups, int(groups_.size())).first;
+      groups_.push_back(ParamGroup{.norm_groups = ps[i].shard_groups});
     }
     ParamGroup& g = groups_[size_t(it->second)];
     g.numel = (g.numel + align - 1) / align * align;

@@ -1,5 +1,5 @@
 // ParamStore: owns the persistent training state of this rank in flat device buffers, one set
-// per norm group (parameters whose shards combine over the same mesh group): master weights,
+// per norm group (parameters whose shards combine over the same mesh groups): master weights,
 // gradient accumulators and the two AdamW moments, laid out identically so the optimizer runs one
 // fused pass per group. Non-trainable state (expert_bias, ...) has its own buffers.
 #pragma once
@@ -14,7 +14,8 @@
 namespace meshtrain {
 
 struct ParamGroup {
-  std::string norm_group;  // groups whose ranks hold disjoint shards, comma-separated ("" = local)
+  // Groups whose ranks hold disjoint shards, in reduction order (empty: every shard is local).
+  std::vector<MeshGroup> norm_groups;
   std::vector<size_t> params;    // indices into plan.params()
   std::vector<int64_t> offsets;  // element offset of each param in the flat buffers
   int64_t numel = 0;

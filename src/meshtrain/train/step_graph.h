@@ -24,7 +24,7 @@ struct StepGraph {
   ValueId loss_sum = kNoValue;  // persistent [1] accumulator of `loss` over a step's micro-batches
   ReshardStats reshard;
   CheckpointStats checkpoint;
-  std::map<std::string, int> streams;  // mesh group -> stream index
+  std::map<MeshGroup, int> streams;  // mesh group -> stream index
   int64_t local_batch = 0, seq_len = 0;
 };
 

@@ -15,7 +15,7 @@ namespace meshtrain {
 class Trainer::Services final : public ExecServices {
  public:
   Services(Backend& backend, DeviceMesh& mesh) : backend_(backend), mesh_(mesh) {}
-  Communicator& comm(const std::string& group) override { return mesh_.comm(group); }
+  Communicator& comm(MeshGroup group) override { return mesh_.comm(group); }
   Backend& backend() override { return backend_; }
 
  private:
@@ -76,7 +76,7 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   mesh_ = std::make_unique<DeviceMesh>(world, dims);
   layout_ = std::make_unique<MeshGroups>(mesh_->layout(), mesh_->rank());
   services_ = std::make_unique<Services>(*backend_, *mesh_);
-  const int dp = mesh_->size("dp"), dp_rank = mesh_->coord("dp");
+  const int dp = mesh_->size(MeshGroup::kDp), dp_rank = mesh_->coord(MeshGroup::kDp);
 
   // Data.
   tokenizer_ = make_tokenizer("byte");
@@ -137,10 +137,10 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   // With ETP = 1 and tp > 1 routing runs on sequence-parallel token shards, so tp ranks saw other
   // tokens too and the sum runs over every rank; with ETP = tp the tp ranks routed the same
   // (gathered) tokens and only the data-parallel ranks differ.
-  const bool shard_routing = mesh_->size("tp") > 1 && mesh_->size("etp") == 1;
-  const std::string count_group = shard_routing ? "world" : "loss";
-  LoadBalanceOptions lb{.layers = plan_->load_balance_layers(),
-                        .count_group = mesh_->size(count_group) > 1 ? count_group : ""};
+  const bool shard_routing = mesh_->size(MeshGroup::kTp) > 1 && mesh_->size(MeshGroup::kEtp) == 1;
+  const MeshGroup count_group = shard_routing ? MeshGroup::kWorld : MeshGroup::kLoss;
+  LoadBalanceOptions lb{.layers = plan_->load_balance_layers()};
+  if (mesh_->size(count_group) > 1) lb.count_group = count_group;
   optimizer_ = std::make_unique<Optimizer>(*store_, ap, *backend_, services_.get(), lb);
   int64_t load_elems = 0;
   for (const LoadBalanceLayer& l : lb.layers) load_elems += l.num_experts;
@@ -187,15 +187,15 @@ void Trainer::log_startup() const {
   log_info("data: {}", loader_->description());
   log_info("tokens per step: {} (local batch {} × seq {} × dp {} × accumulation {})",
            tokens_per_step_, cfg_.training.local_batch_size, cfg_.training.seq_len,
-           mesh_->size("dp"), accum_steps_);
+           mesh_->size(MeshGroup::kDp), accum_steps_);
   log_info("memory plan (per rank): {}; optimizer moments {}", mp.summary(),
            gib(2 * store_->trainable_numel() * int64_t(dtype_size(master_dtype_))));
   log_info(
       "step graph: {} nodes, {} values{}", exec_->plan().schedule.size(), graph_.num_values(),
-      plan_->group_size("fsdp") > 1
+      plan_->group_size(MeshGroup::kFsdp) > 1
           ? fmt::format(
                 "; fsdp {} over {} ranks, reshard_after_forward {} ({} gathers redone in backward)",
-                mesh_->dims().mode_name(), plan_->group_size("fsdp"),
+                mesh_->dims().mode_name(), plan_->group_size(MeshGroup::kFsdp),
                 reshard_after_forward_name(cfg_.parallelism.fsdp_reshard_after_forward),
                 reshard_.gathers_recomputed)
           : std::string());
@@ -216,7 +216,7 @@ double Trainer::read_step_loss() {
   // The step's loss is summed over micro-batches on this rank; the global mean is the sum over
   // every rank, since each already divided by the global count: data-parallel ranks hold other
   // sequences, tensor-parallel ranks other token shards (sequence parallel).
-  mesh_->comm("world").all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
+  mesh_->comm(MeshGroup::kWorld).all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
   backend_->copy(host_scalar_.raw(), loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(),
                  CopyKind::kDeviceToHost, s);
   // Host sync: the loss is read for the log line, on logging steps only.
@@ -334,7 +334,7 @@ std::vector<StepRecord> Trainer::train() {
     m.grad_norm = r.grad_norm;
     m.lr = r.lr;
     m.step_time_s = elapsed / double(steps_since);
-    const int non_dp = plan_->group_size("cp") * plan_->group_size("tp");
+    const int non_dp = plan_->group_size(MeshGroup::kCp) * plan_->group_size(MeshGroup::kTp);
     double local_tokens =
         double(cfg_.training.local_batch_size * cfg_.training.seq_len * accum_steps_ * steps_since);
     m.tps = local_tokens / elapsed / double(non_dp);

@@ -13,11 +13,10 @@ namespace {
 
 // Nodes the pass never clones, whatever the policy.
 bool always_kept(const Node& n) {
-  if (n.op.rfind("ep_", 0) == 0) return true;  // the token exchange is saved, never repeated
-  if (n.op == "all_gather" && n.attrs.s("group", "") == "fsdp")
-    return true;  // reshard pass owns these
   const OpDef& def = OpRegistry::instance().op(n.op);
-  return def.side_effect;
+  if (!def.recomputable || def.side_effect) return true;  // e.g. the token exchange
+  // The reshard pass owns the gathers of FSDP-sharded parameters.
+  return def.collective == Collective::kAllGather && n.attrs.group() == MeshGroup::kFsdp;
 }
 
 }  // namespace
@@ -34,8 +33,8 @@ std::function<std::string(const Node&)> block_regions(int every_nth_block) {
 }
 
 bool selective_op_saves(const Node& n) {
-  static const std::set<std::string> kSaved = {"matmul", "attention", "grouped_matmul"};
-  return kSaved.count(n.op) > 0 || OpRegistry::instance().op(n.op).collective;
+  const OpDef& def = OpRegistry::instance().op(n.op);
+  return def.compute_heavy || def.is_collective();
 }
 
 bool full_recompute_saves(const Node&) { return false; }

@@ -10,12 +10,15 @@
 
 namespace meshtrain {
 namespace {
+// Links of a gather chain: the casts, views and slices that turn the gathered shard into the
+// weight the model uses.
 bool is_chain_op(const std::string& op) {
-  return op == "grad_cast" || op == "slice" || op == "reshape" || op == "cast";
+  const OpDef& def = OpRegistry::instance().op(op);
+  return def.cast || def.rearranges || def.view_of_input >= 0;
 }
 }  // namespace
 
-ReshardStats reshard_after_forward(Graph& graph, const std::string& group,
+ReshardStats reshard_after_forward(Graph& graph, MeshGroup group,
                                    const std::function<bool(const std::string&)>& reshard) {
   ReshardStats stats;
   std::vector<NodeId> order = graph.schedule();
@@ -28,8 +31,9 @@ ReshardStats reshard_after_forward(Graph& graph, const std::string& group,
   const int original_nodes = graph.num_nodes();
   for (NodeId id = 0; id < original_nodes; ++id) {
     const Node start = graph.node(id);
-    if (start.dead || start.phase != NodePhase::kForward || start.op != "all_gather") continue;
-    if (start.attrs.s("group") != group || !reshard(start.scope)) continue;
+    if (start.dead || start.phase != NodePhase::kForward) continue;
+    if (OpRegistry::instance().op(start.op).collective != Collective::kAllGather) continue;
+    if (start.attrs.group() != group || !reshard(start.scope)) continue;
 
     // The chain: all_gather, then single-consumer casts/views/slices in forward.
     std::vector<NodeId> chain = {id};
