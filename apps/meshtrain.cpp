@@ -27,8 +27,9 @@ const char* kUsage =
     "commands:\n"
     "  train --config FILE [--nproc N] [--section.key VALUE ...]\n"
     "        train a model; --nproc N starts N local ranks (mpirun -np N also works)\n"
-    "  plan  --config FILE [--world N] [--rank R] [--section.key VALUE ...]\n"
-    "        print parameter counts, FLOPs per token and the planned memory of a rank\n"
+    "  plan  --config FILE [--world N] [--rank R] [--dump-graph] [--section.key VALUE ...]\n"
+    "        print parameter counts, FLOPs per token and the planned memory of a rank;\n"
+    "        --dump-graph adds its scheduled step and optimizer graphs, node by node\n"
     "  tokenize --input PATH --output FILE.bin [--dataset text|fortunes]\n"
     "        write a pre-tokenized token file (byte-level tokenizer, llm.c format)\n"
     "\n"
@@ -42,7 +43,9 @@ struct Args {
   std::map<std::string, std::string> options;  // command-specific (--world, --input, ...)
 };
 
-Args parse_args(int argc, char** argv, const std::vector<std::string>& own_options) {
+// own_options take a value; own_flags do not (present: options[flag] = "1").
+Args parse_args(int argc, char** argv, const std::vector<std::string>& own_options,
+                const std::vector<std::string>& own_flags = {}) {
   Args a;
   if (argc < 2)
     MT_THROW(ConfigError, "no command given: expected train, plan or tokenize (meshtrain --help)");
@@ -59,6 +62,8 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& own_optio
       a.config = s.substr(9);
     } else if (std::find(own_options.begin(), own_options.end(), s) != own_options.end()) {
       a.options[s] = takes_value(s);
+    } else if (std::find(own_flags.begin(), own_flags.end(), s) != own_flags.end()) {
+      a.options[s] = "1";
     } else {
       a.overrides.push_back(s);
     }
@@ -83,12 +88,13 @@ int run_train(int argc, char** argv) {
 }
 
 int run_plan(int argc, char** argv) {
-  Args a = parse_args(argc, argv, {"--world", "--rank"});
+  Args a = parse_args(argc, argv, {"--world", "--rank"}, {"--dump-graph"});
   MT_CHECK_T(ConfigError, !a.config.empty(), "plan needs --config FILE (see configs/)");
   meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
   int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 1;
   int rank = a.options.count("--rank") ? std::stoi(a.options["--rank"]) : 0;
-  std::printf("%s", meshtrain::plan_report(cfg, world, rank).c_str());
+  std::printf(
+      "%s", meshtrain::plan_report(cfg, world, rank, a.options.count("--dump-graph") > 0).c_str());
   return 0;
 }
 

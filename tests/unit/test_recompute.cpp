@@ -79,6 +79,8 @@ TEST(Recompute, ClonesInputsFirstAliasesViewsAndRewiresOnlyNonForwardReaders) {
   EXPECT_EQ(g.schedule(), (std::vector<NodeId>{s->na, s->nv, s->np, r.clones[0], r.clones[1],
                                                r.clones[2], s->n1, s->n2, s->n3}));
   EXPECT_EQ(rc.num_clones(), 3);
+  EXPECT_NE(g.dump().find(fmt::format("{:>5} *[recompute:0]", r.clones[2])), std::string::npos)
+      << g.dump();
 }
 
 TEST(Recompute, RejectedProducersAreReadAsSavedAndViewsAliasTheirRoot) {

@@ -22,6 +22,10 @@ struct ParamGroup {
   Tensor master, grad, exp_avg, exp_avg_sq;
 };
 
+// The norm groups of a plan's trainable parameters (first-seen order) and each parameter's offset
+// in its group's flat buffers, without allocating them (tensors left undefined).
+std::vector<ParamGroup> layout_param_groups(const ParallelPlan& plan);
+
 class ParamStore {
  public:
   ParamStore(const ParallelPlan& plan, Backend& backend);
@@ -31,6 +35,7 @@ class ParamStore {
   // Binds masters, gradients and state buffers into an executor of the step graph.
   void bind(Executor& ex) const;
 
+  const ParallelPlan& plan() const { return plan_; }
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   // Device views of one parameter's master and gradient (or a state buffer's tensor).

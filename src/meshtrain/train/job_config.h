@@ -20,6 +20,9 @@ struct JobSection {
   std::string dump_folder = "./outputs";
   std::string description = "default job";
   std::string device = "auto";  // "auto" | "cpu" | "cuda"; the trainer resolves "auto"
+  // Write rank 0's scheduled step and optimizer graphs to <dump_folder>/step_graph.txt at
+  // start-up (what `meshtrain plan --dump-graph` prints).
+  bool dump_graph = false;
 };
 
 struct ModelSection {

@@ -14,7 +14,7 @@ namespace {
 std::string gib(int64_t b) { return fmt::format("{:8.3f} GiB", double(b) / double(1ull << 30)); }
 }  // namespace
 
-std::string plan_report(const JobConfig& cfg, int world, int rank) {
+std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_graph) {
   MT_CHECK_T(ConfigError, world >= 1 && rank >= 0 && rank < world,
              "plan: --rank {} must be in [0, --world {})", rank, world);
   ParallelDims dims = parallel_dims_of(cfg, world);
@@ -31,9 +31,13 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
   so.compute_dtype = resolve_compute_dtype(cfg.training.mixed_precision_param, device);
   so.master_dtype = parse_dtype(cfg.training.master_dtype);
   so.reduce_dtype = parse_dtype(cfg.training.mixed_precision_reduce);
+  const int64_t accum =
+      gradient_accumulation_steps(cfg.training, groups.group_size(MeshGroup::kDp));
+  so.overwrite_grads = accum == 1;  // as the trainer builds it
   std::unique_ptr<StepGraph> sg = build_step_graph(cfg, &groups, so);
   ModelCounts c = count_model(*sg->model, *sg->plan, cfg.training.seq_len);
-  MemoryPlan mp = plan_memory(sg->graph, device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU);
+  const DeviceType device_type = device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;
+  MemoryPlan mp = plan_memory(sg->graph, device_type);
   const int64_t moments = 2 * mp.parameter_bytes;  // AdamW exp_avg and exp_avg_sq, like masters
 
   std::string r;
@@ -65,6 +69,13 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
                      cfg.activation_checkpoint.mode, sg->checkpoint.nodes_recomputed,
                      sg->checkpoint.regions);
   r += "\n";
+  if (dump_graph || cfg.job.dump_graph) {
+    OptimizerGraph og;
+    build_optimizer_graph(og, layout_param_groups(*sg->plan), *sg->plan, adamw_params(cfg, accum),
+                          load_balance_options(*sg->plan, groups));
+    const MemoryPlan omp = plan_memory(og.graph, device_type);
+    r += "\n" + dump_step_graphs(sg->graph, mp, accum, og.graph, omp);
+  }
   return r;
 }
 

@@ -1,5 +1,6 @@
 // `meshtrain plan`: builds the step graph of one rank of a layout (no processes, no memory
-// allocated) and reports parameter counts, FLOPs per token and the planned memory of that rank.
+// allocated) and reports parameter counts, FLOPs per token and the planned memory of that rank;
+// with dump_graph (or [job] dump_graph) also the scheduled step and optimizer graphs.
 #pragma once
 
 #include <string>
@@ -8,6 +9,6 @@
 
 namespace meshtrain {
 
-std::string plan_report(const JobConfig& cfg, int world_size, int rank);
+std::string plan_report(const JobConfig& cfg, int world_size, int rank, bool dump_graph = false);
 
 }  // namespace meshtrain

@@ -126,22 +126,9 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   feeder_ =
       std::make_unique<InputFeeder>(*backend_, exec_->tensor(tokens_), exec_->tensor(labels_));
 
-  ops::AdamWParams ap{.beta1 = cfg_.optimizer.beta1,
-                      .beta2 = cfg_.optimizer.beta2,
-                      .eps = cfg_.optimizer.eps,
-                      .weight_decay = cfg_.optimizer.weight_decay,
-                      .max_norm = cfg_.training.max_norm,
-                      .reset_grad = accum_steps_ > 1};
-  // Tokens differ across the data-parallel and context-parallel ranks (the "loss" group): the
-  // expert counts are summed over it before the bias update, as torchtitan does.
-  // With ETP = 1 and tp > 1 routing runs on sequence-parallel token shards, so tp ranks saw other
-  // tokens too and the sum runs over every rank; with ETP = tp the tp ranks routed the same
-  // (gathered) tokens and only the data-parallel ranks differ.
-  const bool shard_routing = mesh_->size(MeshGroup::kTp) > 1 && mesh_->size(MeshGroup::kEtp) == 1;
-  const MeshGroup count_group = shard_routing ? MeshGroup::kWorld : MeshGroup::kLoss;
-  LoadBalanceOptions lb{.layers = plan_->load_balance_layers()};
-  if (mesh_->size(count_group) > 1) lb.count_group = count_group;
-  optimizer_ = std::make_unique<Optimizer>(*store_, ap, *backend_, services_.get(), lb);
+  const LoadBalanceOptions lb = load_balance_options(*plan_, *layout_);
+  optimizer_ = std::make_unique<Optimizer>(*store_, adamw_params(cfg_, accum_steps_), *backend_,
+                                           services_.get(), lb);
   int64_t load_elems = 0;
   for (const LoadBalanceLayer& l : lb.layers) load_elems += l.num_experts;
   if (load_elems > 0)
@@ -160,6 +147,9 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
     std::filesystem::create_directories(dump_folder_);
     std::ofstream(std::filesystem::path(dump_folder_) / "config.toml")
         << job_config_to_values(cfg_).to_toml();
+    if (cfg_.job.dump_graph)
+      std::ofstream(std::filesystem::path(dump_folder_) / "step_graph.txt") << dump_step_graphs(
+          graph_, exec_->plan(), accum_steps_, optimizer_->graph(), optimizer_->plan());
   }
   metrics_ = std::make_unique<MetricsLogger>(
       rank_ == 0 && cfg_.metrics.enable_jsonl
@@ -209,6 +199,9 @@ void Trainer::log_startup() const {
       cfg_.optimizer.weight_decay, cfg_.training.max_norm, cfg_.lr_scheduler.warmup_steps,
       cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor, cfg_.training.steps);
   log_info("dump folder: {}", dump_folder_);
+  if (cfg_.job.dump_graph)
+    log_info("step graph written to {}",
+             (std::filesystem::path(dump_folder_) / "step_graph.txt").string());
 }
 
 double Trainer::read_step_loss() {
