@@ -40,12 +40,14 @@ const Command kCommands[] = {
      "  --nproc N         start N local ranks under mpirun\n",
      true},
     {"plan",
-     "plan --config FILE [--hf-config PATH] [--world N] [--rank R] [--section.key VALUE ...]",
+     "plan --config FILE [--hf-config PATH] [--world N] [--rank R] [--dump-graph] "
+     "[--section.key VALUE ...]",
      "print parameter counts, FLOPs per token and the planned memory of one rank (no training)",
      "  --config FILE     TOML job config\n"
      "  --hf-config PATH  size the model from a Hugging Face config.json (or its folder)\n"
      "  --world N         ranks of the layout (default: the smallest the degrees fit)\n"
-     "  --rank R          the rank to plan (default 0)\n",
+     "  --rank R          the rank to plan (default 0)\n"
+     "  --dump-graph      add the scheduled step and optimizer graphs, node by node\n",
      true},
     {"convert",
      "convert --input PATH --output PATH [--dtype float32|bfloat16|float16] [--max-shard-gb G] "
@@ -116,7 +118,9 @@ struct Args {
   std::map<std::string, std::string> options;  // command-specific (--world, --input, ...)
 };
 
-Args parse_args(int argc, char** argv, const std::vector<std::string>& own_options) {
+// own_options take a value; own_flags do not (present: options[flag] = "1").
+Args parse_args(int argc, char** argv, const std::vector<std::string>& own_options,
+                const std::vector<std::string>& own_flags = {}) {
   Args a;
   if (argc < 2)
     MT_THROW(ConfigError,
@@ -134,6 +138,8 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& own_optio
       a.config = s.substr(9);
     } else if (std::find(own_options.begin(), own_options.end(), s) != own_options.end()) {
       a.options[s] = takes_value(s);
+    } else if (std::find(own_flags.begin(), own_flags.end(), s) != own_flags.end()) {
+      a.options[s] = "1";
     } else {
       a.overrides.push_back(s);
     }
@@ -158,7 +164,7 @@ int run_train(int argc, char** argv) {
 }
 
 int run_plan(int argc, char** argv) {
-  Args a = parse_args(argc, argv, {"--world", "--rank", "--hf-config"});
+  Args a = parse_args(argc, argv, {"--world", "--rank", "--hf-config"}, {"--dump-graph"});
   MT_CHECK_T(ConfigError, !a.config.empty() || a.options.count("--hf-config"),
              "plan needs --config FILE (see configs/) or --hf-config PATH");
   if (a.options.count("--hf-config")) {
@@ -171,7 +177,8 @@ int run_plan(int argc, char** argv) {
   meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
   int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 0;
   int rank = a.options.count("--rank") ? std::stoi(a.options["--rank"]) : 0;
-  std::printf("%s", meshtrain::plan_report(cfg, world, rank).c_str());
+  std::printf(
+      "%s", meshtrain::plan_report(cfg, world, rank, a.options.count("--dump-graph") > 0).c_str());
   return 0;
 }
 

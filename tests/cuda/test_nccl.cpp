@@ -131,7 +131,7 @@ TEST(Nccl, SplitAndDeviceMeshOnOneRank) {
   dims.validate();
   DeviceMesh mesh(*world, dims);
   Tensor d = to_device(be, host_of(DType::kF32, 128));
-  mesh.comm("fsdp").all_reduce(d, ReduceOp::kSum, be.stream(0)).wait();
+  mesh.comm(MeshGroup::kFsdp).all_reduce(d, ReduceOp::kSum, be.stream(0)).wait();
   EXPECT_EQ(values(to_host(be, d)), values(host_of(DType::kF32, 128)));
 }
 

@@ -93,16 +93,17 @@ std::vector<int> expected_members(const std::vector<std::array<int, 7>>& c,
 void check_mesh(const ParallelDims& d) {
   DeviceMesh mesh(world(), d);
   auto c = enumerate(mesh.dims());
-  EXPECT_EQ(free_coords().size(), MeshLayout::group_names().size());
-  for (const auto& name : MeshLayout::group_names()) {
+  EXPECT_EQ(free_coords().size(), all_mesh_groups().size());
+  for (MeshGroup group : all_mesh_groups()) {
+    const std::string name = mesh_group_name(group);
     auto want = expected_members(c, name, rank());
-    Communicator& g = mesh.comm(name);
+    Communicator& g = mesh.comm(group);
     int index = int(std::find(want.begin(), want.end(), rank()) - want.begin());
     EXPECT_EQ(g.name(), name);
     EXPECT_EQ(g.size(), int(want.size())) << name << " in " << mesh.dims().to_string();
-    EXPECT_EQ(mesh.size(name), int(want.size())) << name;
+    EXPECT_EQ(mesh.size(group), int(want.size())) << name;
     EXPECT_EQ(g.rank(), index) << name;
-    EXPECT_EQ(mesh.coord(name), index) << name;
+    EXPECT_EQ(mesh.coord(group), index) << name;
     EXPECT_EQ(dist::members(g), want) << name << " in " << mesh.dims().to_string();
   }
 }
@@ -138,36 +139,39 @@ TEST(DistMesh, NamedEightRankLayouts) {
   {
     DeviceMesh m(world(), layout(2, 2, 1, 2));  // dp_replicate 2 × dp_shard 2 × tp 2
     if (rank() == 5) {
-      EXPECT_EQ(dist::members(m.comm("tp")), (std::vector<int>{4, 5}));
-      EXPECT_EQ(dist::members(m.comm("fsdp")), (std::vector<int>{5, 7}));
-      EXPECT_EQ(dist::members(m.comm("dp_replicate")), (std::vector<int>{1, 5}));
-      EXPECT_EQ(dist::members(m.comm("dp")), (std::vector<int>{1, 3, 5, 7}));
+      EXPECT_EQ(dist::members(m.comm(MeshGroup::kTp)), (std::vector<int>{4, 5}));
+      EXPECT_EQ(dist::members(m.comm(MeshGroup::kFsdp)), (std::vector<int>{5, 7}));
+      EXPECT_EQ(dist::members(m.comm(MeshGroup::kDpReplicate)), (std::vector<int>{1, 5}));
+      EXPECT_EQ(dist::members(m.comm(MeshGroup::kDp)), (std::vector<int>{1, 3, 5, 7}));
     } else {
-      for (const char* g : {"tp", "fsdp", "dp_replicate", "dp"}) dist::members(m.comm(g));
+      for (MeshGroup g :
+           {MeshGroup::kTp, MeshGroup::kFsdp, MeshGroup::kDpReplicate, MeshGroup::kDp})
+        dist::members(m.comm(g));
     }
     EXPECT_STREQ(m.dims().mode_name(), "hybrid_shard");
   }
   {
     DeviceMesh m(world(), layout(1, 4, 1, 2, 4, 1));  // ep 4 over tp 2 × dp_shard 2, etp 1
-    EXPECT_EQ(m.size("ep"), 4);
-    EXPECT_EQ(m.size("efsdp"), 2);
-    EXPECT_EQ(m.size("etp"), 1);
-    EXPECT_EQ(m.coord("ep"), rank() % 4);
-    EXPECT_EQ(m.coord("efsdp"), rank() / 4);
-    auto ep = dist::members(m.comm("ep"));
+    EXPECT_EQ(m.size(MeshGroup::kEp), 4);
+    EXPECT_EQ(m.size(MeshGroup::kEfsdp), 2);
+    EXPECT_EQ(m.size(MeshGroup::kEtp), 1);
+    EXPECT_EQ(m.coord(MeshGroup::kEp), rank() % 4);
+    EXPECT_EQ(m.coord(MeshGroup::kEfsdp), rank() / 4);
+    auto ep = dist::members(m.comm(MeshGroup::kEp));
     EXPECT_EQ(ep.front(), rank() / 4 * 4);  // contiguous ranks
   }
   {
     DeviceMesh m(world(), layout(1, 4, 1, 2, 2, 2));  // ep 2, etp 2 = tp
-    EXPECT_EQ(dist::members(m.comm("etp")), dist::members(m.comm("tp")));
-    EXPECT_EQ(m.coord("ep"), (rank() / 2) % 2);
-    EXPECT_EQ(m.size("edp"), 2);
+    EXPECT_EQ(dist::members(m.comm(MeshGroup::kEtp)), dist::members(m.comm(MeshGroup::kTp)));
+    EXPECT_EQ(m.coord(MeshGroup::kEp), (rank() / 2) % 2);
+    EXPECT_EQ(m.size(MeshGroup::kEdp), 2);
   }
 }
 
 TEST(DistMesh, DegreeOneGroupsAreRealCommunicators) {
   DeviceMesh m(world(), layout(1, nranks(), 1, 1));
-  for (const char* g : {"tp", "cp", "dp_replicate", "ep", "etp"}) {
+  for (MeshGroup g :
+       {MeshGroup::kTp, MeshGroup::kCp, MeshGroup::kDpReplicate, MeshGroup::kEp, MeshGroup::kEtp}) {
     Communicator& c = m.comm(g);
     EXPECT_EQ(c.size(), 1) << g;
     Tensor t = Tensor::from_vector<float>({float(rank()) + 0.5f}, Shape{1});
@@ -178,7 +182,7 @@ TEST(DistMesh, DegreeOneGroupsAreRealCommunicators) {
     c.all_to_all_v(in, {2}, out, {2}, stream());
     EXPECT_EQ(out.to_vector<int32_t>(), (std::vector<int32_t>{1, 2, 0, 0})) << g;
   }
-  EXPECT_EQ(m.size("fsdp"), nranks());
+  EXPECT_EQ(m.size(MeshGroup::kFsdp), nranks());
   // dims.world = 0 is filled in from the communicator.
   ParallelDims unset;
   DeviceMesh m2(world(), unset);
@@ -191,8 +195,9 @@ TEST(DistMesh, DescribeListsEveryGroup) {
   std::string d = m.describe();
   if (rank() == 0) std::printf("%s\n", d.c_str());
   EXPECT_NE(d.find(fmt::format("device mesh: {} ranks", nranks())), std::string::npos) << d;
-  for (const auto& g : MeshLayout::group_names())
-    EXPECT_NE(d.find("  " + g + " "), std::string::npos) << g << "\n" << d;
+  for (MeshGroup g : all_mesh_groups())
+    EXPECT_NE(d.find("  " + std::string(mesh_group_name(g)) + " "), std::string::npos) << g << "\n"
+                                                                                       << d;
   EXPECT_NE(d.find(fmt::format("{:<14}{:>6}{:>7}  dp_shard×cp", "fsdp", nranks(), rank())),
             std::string::npos)
       << d;
@@ -201,14 +206,14 @@ TEST(DistMesh, DescribeListsEveryGroup) {
 TEST(DistMesh, ErrorsAreClear) {
   DeviceMesh m(world(), layout(1, nranks(), 1, 1));
   try {
-    m.comm("pipeline");
+    m.comm(parse_mesh_group("pipeline"));
     ADD_FAILURE() << "expected ValueError";
   } catch (const ValueError& e) {
     EXPECT_NE(e.message().find("unknown mesh group 'pipeline' (known: world, dp_replicate"),
               std::string::npos)
         << e.message();
   }
-  EXPECT_THROW(m.coord("pp"), ValueError);
+  EXPECT_THROW(m.coord(parse_mesh_group("pp")), ValueError);
   ParallelDims wrong = layout(1, nranks() + 1, 1, 1);
   try {
     DeviceMesh bad(world(), wrong);

@@ -79,12 +79,12 @@ class ReshardTest : public testing::TempDirTest {
     for (int r = 0; r < world; ++r) {
       Snapshot snap(*from[size_t(r)]->plan, *from[size_t(r)]->store, *cpu_, r % 2 == 1);
       snap.take(false);
-      LoaderPosition lp{.dp_rank = from[size_t(r)]->groups->group_rank("dp")};
+      LoaderPosition lp{.dp_rank = from[size_t(r)]->groups->group_rank(MeshGroup::kDp)};
       write_rank_part(tmp, r, snap, false, std::nullopt, lp, 10);
     }
     CheckpointIndex head;
     head.step = 10;
-    head.state.dp_degree = from[0]->groups->group_size("dp");
+    head.state.dp_degree = from[0]->groups->group_size(MeshGroup::kDp);
     finalize_checkpoint(tmp, final_dir, world, head, checkpoint_tensor_names(*from[0]->plan, false),
                         nullptr);
     return final_dir;

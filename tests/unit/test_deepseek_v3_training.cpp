@@ -69,7 +69,7 @@ RunTrace train_small(double coeff, int steps) {
   ex.prepare();
   ex.tensor(in.token_count).data<int64_t>()[0] = B * S;
   Optimizer opt(store, ops::AdamWParams{}, *backend, nullptr,
-                {.layers = plan.load_balance_layers(), .count_group = ""});
+                {.layers = plan.load_balance_layers()});
 
   RunTrace trace;
   for (int step = 1; step <= steps; ++step) {

@@ -30,7 +30,7 @@ TEST(ExpertParallel, ExpertsShardOnEpThenFsdpAlongDim0WhenTheLocalExpertsDivide)
   EXPECT_EQ(w1.placement_string(), "ep: Shard(0), efsdp: Shard(0)");
   EXPECT_EQ(w1.local_shape, (Shape{2, 256, 256}));
   EXPECT_EQ(w1.piece.at(0), 4 + 2);  // ep rank 1 owns experts 4..7; efsdp rank 1 the last two
-  EXPECT_EQ(w1.shard_group, "efsdp,ep");
+  EXPECT_EQ(w1.shard_groups, (std::vector<MeshGroup>{MeshGroup::kEfsdp, MeshGroup::kEp}));
 }
 
 TEST(ExpertParallel, ExpertsShardAlongDim1WhenTheLocalExpertsDoNotDivide) {

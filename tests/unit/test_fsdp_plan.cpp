@@ -39,7 +39,7 @@ TEST(Fsdp, EveryParameterGatheredAndItsGradientReduceScattered) {
   EXPECT_EQ(count_ops(sg->graph, "reduce_scatter", NodePhase::kBackward), params);
   EXPECT_EQ(count_ops(sg->graph, "all_gather", NodePhase::kRecompute), 0);
   for (const ParamInfo& p : sg->plan->params()) {
-    EXPECT_EQ(p.shard_group, "fsdp");
+    EXPECT_EQ(p.shard_groups, std::vector<MeshGroup>{MeshGroup::kFsdp});
     EXPECT_EQ(p.local_shape[0], (p.global_shape[0] + 1) / 2) << p.name;
   }
 }
@@ -112,13 +112,16 @@ TEST(Placement, RedistributeEmitsTheCollectiveAndAutodiffItsReverse) {
   Graph g;
   Builder b(g);
   ValueId x = b.input("x", {Shape{4, 3}, DType::kF64});
-  ValueId full = redistribute(b, x, Placement::shard(0), Placement::replicate(), "fsdp", 2);
+  ValueId full =
+      redistribute(b, x, Placement::shard(0), Placement::replicate(), MeshGroup::kFsdp, 2);
   EXPECT_EQ(b.shape(full), (Shape{8, 3}));
   EXPECT_EQ(g.node(g.value(full).producer).op, "all_gather");
-  ValueId part = redistribute(b, full, Placement::partial(), Placement::shard(0), "tp", 4);
+  ValueId part =
+      redistribute(b, full, Placement::partial(), Placement::shard(0), MeshGroup::kTp, 4);
   EXPECT_EQ(g.node(g.value(part).producer).op, "reduce_scatter");
-  EXPECT_EQ(redistribute(b, x, Placement::replicate(), Placement::replicate(), "tp", 4), x);
-  EXPECT_THROW(redistribute(b, x, Placement::replicate(), Placement::shard(0), "tp", 4),
+  EXPECT_EQ(redistribute(b, x, Placement::replicate(), Placement::replicate(), MeshGroup::kTp, 4),
+            x);
+  EXPECT_THROW(redistribute(b, x, Placement::replicate(), Placement::shard(0), MeshGroup::kTp, 4),
                ValueError);
   EXPECT_EQ(Placement::partial().to_string(), "Partial(sum)");
 }

@@ -42,7 +42,7 @@ struct RankRun {
                         *backend,
                         sg->seq_len,
                         DType::kF32,
-                        groups ? groups->group_rank("world") : 0,
+                        groups ? groups->group_rank(MeshGroup::kWorld) : 0,
                         std::move(barrier)};
   }
 };

@@ -8,9 +8,15 @@
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/parallel/parallel_dims.h"
 
+using meshtrain::all_mesh_groups;
 using meshtrain::ConfigError;
+using meshtrain::mesh_group_from_int;
+using meshtrain::mesh_group_list;
+using meshtrain::mesh_group_name;
+using meshtrain::MeshGroup;
 using meshtrain::MeshLayout;
 using meshtrain::ParallelDims;
+using meshtrain::parse_mesh_group;
 
 namespace {
 
@@ -177,7 +183,7 @@ TEST(MeshLayout, DenseAndExpertFormulas) {
 
 TEST(MeshLayout, GroupsPartitionTheWorld) {
   MeshLayout L(dims(16, 2, 2, 2, 2, 4, 1));
-  for (const auto& name : MeshLayout::group_names()) {
+  for (MeshGroup name : all_mesh_groups()) {
     std::set<int> seen;
     for (int q = 0; q < L.world(); ++q) {
       auto g = L.group_ranks(name, q);
@@ -193,37 +199,46 @@ TEST(MeshLayout, GroupsPartitionTheWorld) {
 TEST(MeshLayout, NamedExamples) {
   // 8 ranks: dp_replicate 2 × dp_shard 2 × tp 2; rank 5 = (r 1, s 0, t 1).
   MeshLayout a(dims(8, 2, 2, 1, 2));
-  EXPECT_EQ(a.group_ranks("tp", 5), (std::vector<int>{4, 5}));
-  EXPECT_EQ(a.group_ranks("dp_shard", 5), (std::vector<int>{5, 7}));
-  EXPECT_EQ(a.group_ranks("fsdp", 5), (std::vector<int>{5, 7}));
-  EXPECT_EQ(a.group_ranks("dp_replicate", 5), (std::vector<int>{1, 5}));
-  EXPECT_EQ(a.group_ranks("dp", 5), (std::vector<int>{1, 3, 5, 7}));
-  EXPECT_EQ(a.group_ranks("loss", 5), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(a.group_ranks(MeshGroup::kTp, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(a.group_ranks(MeshGroup::kDpShard, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(a.group_ranks(MeshGroup::kFsdp, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(a.group_ranks(MeshGroup::kDpReplicate, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(a.group_ranks(MeshGroup::kDp, 5), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(a.group_ranks(MeshGroup::kLoss, 5), (std::vector<int>{1, 3, 5, 7}));
   // ep = etp = 1: experts are not tp-sharded, so efsdp spans dp_shard × tp and edp the world.
-  EXPECT_EQ(a.group_ranks("efsdp", 5), (std::vector<int>{4, 5, 6, 7}));
-  EXPECT_EQ(a.group_ranks("edp", 5), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(a.group_ranks(MeshGroup::kEfsdp, 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(a.group_ranks(MeshGroup::kEdp, 5), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
   // ep 4, etp 1, tp 2 (dp_shard 4): ep takes consecutive ranks, tp included.
   MeshLayout b(dims(8, 1, 4, 1, 2, 4, 1));
-  EXPECT_EQ(b.group_ranks("ep", 5), (std::vector<int>{4, 5, 6, 7}));
-  EXPECT_EQ(b.group_ranks("efsdp", 5), (std::vector<int>{1, 5}));
-  EXPECT_EQ(b.group_ranks("etp", 5), (std::vector<int>{5}));
-  EXPECT_EQ(b.group_ranks("edp", 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(b.group_ranks(MeshGroup::kEp, 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(b.group_ranks(MeshGroup::kEfsdp, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(b.group_ranks(MeshGroup::kEtp, 5), (std::vector<int>{5}));
+  EXPECT_EQ(b.group_ranks(MeshGroup::kEdp, 5), (std::vector<int>{1, 5}));
   // ep 2, etp 2 = tp: ep strides over tp groups, etp is the tp group.
   MeshLayout c(dims(8, 1, 4, 1, 2, 2, 2));
-  EXPECT_EQ(c.group_ranks("ep", 5), (std::vector<int>{5, 7}));
-  EXPECT_EQ(c.group_ranks("efsdp", 5), (std::vector<int>{1, 5}));
-  EXPECT_EQ(c.group_ranks("etp", 5), (std::vector<int>{4, 5}));
-  EXPECT_EQ(c.group_ranks("tp", 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(c.group_ranks(MeshGroup::kEp, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(c.group_ranks(MeshGroup::kEfsdp, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(c.group_ranks(MeshGroup::kEtp, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(c.group_ranks(MeshGroup::kTp, 5), (std::vector<int>{4, 5}));
 }
 
-TEST(MeshLayout, UnknownGroupListsKnownNames) {
-  MeshLayout L(dims(2, 1, 2, 1, 1));
+TEST(MeshGroup, NamesRoundTripAndUnknownNamesListTheKnownOnes) {
+  for (MeshGroup g : all_mesh_groups()) EXPECT_EQ(parse_mesh_group(mesh_group_name(g)), g);
+  EXPECT_EQ(mesh_group_list({MeshGroup::kEfsdp, MeshGroup::kEp}), "efsdp,ep");
+  EXPECT_EQ(mesh_group_list({}), "");
   try {
-    L.group_size("pp");
+    parse_mesh_group("pp");
     FAIL() << "expected an error";
   } catch (const meshtrain::ValueError& e) {
     EXPECT_EQ(std::string(e.message()),
               "unknown mesh group 'pp' (known: world, dp_replicate, dp_shard, cp, tp, fsdp, dp, "
               "loss, ep, efsdp, etp, edp)");
+  }
+  try {
+    mesh_group_from_int(12, "attribute 'group'");
+    FAIL() << "expected an error";
+  } catch (const meshtrain::ValueError& e) {
+    EXPECT_EQ(std::string(e.message()),
+              "attribute 'group': expected a mesh group (0..11), found 12");
   }
 }

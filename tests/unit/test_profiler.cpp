@@ -8,6 +8,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/comm/collective_ops.h"
+#include "meshtrain/graph/passes/assign_streams.h"
+#include "meshtrain/ops/elementwise.h"
 #include "meshtrain/train/trainer.h"
 #include "test_support.h"
 
@@ -85,6 +88,22 @@ TEST_F(ProfilerTest, EveryMicroBatchIsRecorded) {
   t.step(false);
   t.step(false);
   expect_one_event_per_node(read_trace(2), t.executor(), 2);
+}
+
+TEST(Profiler, CommunicationTracksAreNamedByTheirMeshGroup) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", {Shape{4}, DType::kF32});
+  ValueId y = ops::all_reduce(b, ops::scale(b, x, 2.0), MeshGroup::kFsdp);
+  g.mark_output(ops::all_reduce(b, y, MeshGroup::kTp));
+  const std::map<MeshGroup, int> streams = assign_streams(g);
+  auto be = create_backend("cpu", 0);
+  Executor ex(g, plan_memory(g, DeviceType::kCPU), *be, nullptr);
+  ex.prepare();
+  Profiler p(*be, ex, 1, 0);
+  EXPECT_EQ(p.stream_name(0), "compute");
+  EXPECT_EQ(p.stream_name(streams.at(MeshGroup::kFsdp)), "fsdp");
+  EXPECT_EQ(p.stream_name(streams.at(MeshGroup::kTp)), "tp");
 }
 
 TEST_F(ProfilerTest, DisabledProfilingWritesNothing) {

@@ -40,7 +40,7 @@ std::vector<std::string> checkpoint_tensor_names(const ParallelPlan& plan, bool 
 }
 
 bool writes_piece(const ParamInfo& p, const ParallelPlan& plan) {
-  if (p.shard_degree == 1) return plan.group_rank("world") == 0;
+  if (p.shard_degree == 1) return plan.group_rank(MeshGroup::kWorld) == 0;
   for (const auto& [group, placement] : p.placements)
     if (!placement.is_shard() && plan.group_rank(group) != 0) return false;
   return true;

@@ -4,24 +4,24 @@
 
 namespace meshtrain::ops {
 
-ValueId all_gather(Builder& b, ValueId x, const std::string& group, int group_size) {
+ValueId all_gather(Builder& b, ValueId x, MeshGroup group, int group_size) {
   if (group_size == 1) return x;
-  return b.op1("all_gather", {x}, {{"group", group}, {"group_size", int64_t(group_size)}});
+  return b.op1("all_gather", {x}, {{"group", int64_t(group)}, {"group_size", int64_t(group_size)}});
 }
 
-ValueId reduce_scatter(Builder& b, ValueId x, const std::string& group, int group_size) {
+ValueId reduce_scatter(Builder& b, ValueId x, MeshGroup group, int group_size) {
   if (group_size == 1) return x;
-  return b.op1("reduce_scatter", {x}, {{"group", group}, {"group_size", int64_t(group_size)}});
+  return b.op1("reduce_scatter", {x},
+               {{"group", int64_t(group)}, {"group_size", int64_t(group_size)}});
 }
 
-ValueId all_reduce(Builder& b, ValueId x, const std::string& group, ReduceOp op,
-                   AllReduceGrad grad) {
+ValueId all_reduce(Builder& b, ValueId x, MeshGroup group, ReduceOp op, AllReduceGrad grad) {
   return b.op1("all_reduce", {x},
-               {{"group", group}, {"reduce_op", int64_t(op)}, {"grad", int64_t(grad)}});
+               {{"group", int64_t(group)}, {"reduce_op", int64_t(op)}, {"grad", int64_t(grad)}});
 }
 
-ValueId replicate_grad(Builder& b, ValueId x, const std::string& group) {
-  return b.op1("replicate_grad", {x}, {{"group", group}});
+ValueId replicate_grad(Builder& b, ValueId x, MeshGroup group) {
+  return b.op1("replicate_grad", {x}, {{"group", int64_t(group)}});
 }
 
 namespace {
@@ -48,10 +48,10 @@ MT_REGISTER_OPS {
                 },
             .backward =
                 [](GradContext& c) {
-                  return std::vector<ValueId>{reduce_scatter(
-                      c.b, c.grad_out(0), c.attrs().s("group"), int(c.attrs().i("group_size")))};
+                  return std::vector<ValueId>{reduce_scatter(c.b, c.grad_out(0), c.attrs().group(),
+                                                             int(c.attrs().i("group_size")))};
                 },
-            .collective = true});
+            .collective = Collective::kAllGather});
   r.add_op({.name = "reduce_scatter",
             .infer =
                 [](const std::vector<TensorMeta>& in, const Attrs& a) {
@@ -60,10 +60,10 @@ MT_REGISTER_OPS {
                 },
             .backward =
                 [](GradContext& c) {
-                  return std::vector<ValueId>{all_gather(c.b, c.grad_out(0), c.attrs().s("group"),
+                  return std::vector<ValueId>{all_gather(c.b, c.grad_out(0), c.attrs().group(),
                                                          int(c.attrs().i("group_size")))};
                 },
-            .collective = true});
+            .collective = Collective::kReduceScatter});
   r.add_op({.name = "all_reduce",
             .infer = [](const std::vector<TensorMeta>& in,
                         const Attrs&) { return std::vector<TensorMeta>{in.at(0)}; },
@@ -72,33 +72,33 @@ MT_REGISTER_OPS {
                   auto mode = AllReduceGrad(c.attrs().i("grad"));
                   MT_CHECK(mode != AllReduceGrad::kNone,
                            "all_reduce over {} at '{}' is not differentiable (built with kNone)",
-                           c.attrs().s("group"), c.node.scope);
+                           c.attrs().group(), c.node.scope);
                   if (mode == AllReduceGrad::kIdentity) return std::vector<ValueId>{c.grad_out(0)};
-                  return std::vector<ValueId>{all_reduce(c.b, c.grad_out(0), c.attrs().s("group"),
+                  return std::vector<ValueId>{all_reduce(c.b, c.grad_out(0), c.attrs().group(),
                                                          ReduceOp::kSum,
                                                          AllReduceGrad::kAllReduce)};
                 },
-            .collective = true});
+            .collective = Collective::kAllReduce});
   r.add_op({.name = "replicate_grad",
             .infer = [](const std::vector<TensorMeta>& in,
                         const Attrs&) { return std::vector<TensorMeta>{in.at(0)}; },
             .backward =
                 [](GradContext& c) {
-                  return std::vector<ValueId>{all_reduce(c.b, c.grad_out(0), c.attrs().s("group"),
+                  return std::vector<ValueId>{all_reduce(c.b, c.grad_out(0), c.attrs().group(),
                                                          ReduceOp::kSum, AllReduceGrad::kIdentity)};
                 },
             .view_of_input = 0});
 
   register_kernel_all("all_gather", [](KernelContext& c) {
-    Communicator& comm = c.services->comm(c.attrs().s("group"));
+    Communicator& comm = c.services->comm(c.attrs().group());
     comm.all_gather(c.in[0], c.out[0], *c.stream);
   });
   register_kernel_all("reduce_scatter", [](KernelContext& c) {
-    Communicator& comm = c.services->comm(c.attrs().s("group"));
+    Communicator& comm = c.services->comm(c.attrs().group());
     comm.reduce_scatter(c.in[0], c.out[0], ReduceOp::kSum, *c.stream);
   });
   register_kernel_all("all_reduce", [](KernelContext& c) {
-    Communicator& comm = c.services->comm(c.attrs().s("group"));
+    Communicator& comm = c.services->comm(c.attrs().group());
     // Out-of-place in the graph, in place for the communicator: copy first (same stream).
     Backend& be = c.services->backend();
     be.copy(c.out[0].raw(), c.in[0].raw(), c.in[0].nbytes(), CopyKind::kDeviceToDevice, *c.stream);

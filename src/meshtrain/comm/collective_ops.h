@@ -12,19 +12,19 @@
 namespace meshtrain::ops {
 
 // [n, ...] on each of k ranks -> [k·n, ...] (rank blocks in rank order).
-ValueId all_gather(Builder& b, ValueId x, const std::string& group, int group_size);
+ValueId all_gather(Builder& b, ValueId x, MeshGroup group, int group_size);
 // [k·n, ...] -> [n, ...]: block r of the sum over ranks, on rank r.
-ValueId reduce_scatter(Builder& b, ValueId x, const std::string& group, int group_size);
+ValueId reduce_scatter(Builder& b, ValueId x, MeshGroup group, int group_size);
 
 enum class AllReduceGrad : uint8_t {
   kIdentity,  // Partial -> Replicate feeding replicated compute (Megatron's g): grad passes through
   kAllReduce,  // the sum feeds per-rank losses that are all counted (grads are summed back)
   kNone,       // not differentiated (optimizer graph, metrics)
 };
-ValueId all_reduce(Builder& b, ValueId x, const std::string& group, ReduceOp op = ReduceOp::kSum,
+ValueId all_reduce(Builder& b, ValueId x, MeshGroup group, ReduceOp op = ReduceOp::kSum,
                    AllReduceGrad grad = AllReduceGrad::kNone);
 // Identity forward, sum over `group` in backward: a parameter replicated across the group whose
 // per-rank gradients must be added (DDP / the replicate dim of HSDP; Megatron's f).
-ValueId replicate_grad(Builder& b, ValueId x, const std::string& group);
+ValueId replicate_grad(Builder& b, ValueId x, MeshGroup group);
 
 }  // namespace meshtrain::ops

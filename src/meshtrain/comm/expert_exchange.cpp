@@ -79,7 +79,7 @@ size_t exchange_bytes(const std::vector<TensorMeta>& in, const std::vector<Tenso
 KernelFn exchange_kernel(bool to_experts) {
   return [to_experts](KernelContext& c) {
     MT_CHECK(c.services != nullptr, "ep exchange needs the mesh's communicators");
-    Communicator& comm = c.services->comm(c.attrs().s("group"));
+    Communicator& comm = c.services->comm(c.attrs().group());
     Backend& be = c.services->backend();
     HostCounts h;
     read_to_host(c, c.in[1], h.groups);
@@ -110,24 +110,24 @@ KernelFn exchange_kernel(bool to_experts) {
 
 }  // namespace
 
-EpLayout ep_counts(Builder& b, ValueId groups, const std::string& group, int ep, int64_t alignment,
+EpLayout ep_counts(Builder& b, ValueId groups, MeshGroup group, int ep, int64_t alignment,
                    int64_t choices) {
   auto outs = b.op("ep_counts", {groups},
-                   {{"group", group}, {"ep", int64_t(ep)}, {"alignment", alignment}});
+                   {{"group", int64_t(group)}, {"ep", int64_t(ep)}, {"alignment", alignment}});
   const int64_t el = b.shape(outs[1])[1];
   return EpLayout{outs[0], outs[1], moe_capacity(int64_t(ep) * choices, el, alignment)};
 }
 
 ValueId ep_to_experts(Builder& b, ValueId x_perm, ValueId groups, const EpLayout& layout,
-                      const std::string& group) {
+                      MeshGroup group) {
   return b.op1("ep_to_experts", {x_perm, groups, layout.recv_counts, layout.local_groups},
-               {{"group", group}, {"capacity", layout.local_capacity}});
+               {{"group", int64_t(group)}, {"capacity", layout.local_capacity}});
 }
 
 ValueId ep_from_experts(Builder& b, ValueId y_local, ValueId groups, const EpLayout& layout,
-                        int64_t capacity, const std::string& group) {
+                        int64_t capacity, MeshGroup group) {
   return b.op1("ep_from_experts", {y_local, groups, layout.recv_counts, layout.local_groups},
-               {{"group", group}, {"capacity", capacity}});
+               {{"group", int64_t(group)}, {"capacity", capacity}});
 }
 
 MT_REGISTER_OPS {
@@ -144,7 +144,8 @@ MT_REGISTER_OPS {
                   return std::vector<TensorMeta>{{Shape{ep, E / ep}, DType::kI32},
                                                  {Shape{2, E / ep}, DType::kI32}};
                 },
-            .collective = true});
+            .collective = Collective::kExchange,
+            .recomputable = false});
   auto infer_exchange = [](const std::vector<TensorMeta>& in, const Attrs& a) {
     MT_CHECK_T(ShapeError, in.size() == 4 && in[0].shape.rank() == 2,
                "ep exchange takes rows [n, D], groups, recv_counts and local_groups");
@@ -157,28 +158,26 @@ MT_REGISTER_OPS {
                   EpLayout l{c.in(2), c.in(3), 0};
                   return std::vector<ValueId>{
                       ep_from_experts(c.b, c.grad_out(0), c.in(1), l, c.b.shape(c.in(0))[0],
-                                      c.attrs().s("group")),
+                                      c.attrs().group()),
                       kNoValue, kNoValue, kNoValue};
                 },
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                            const Attrs&, DeviceType) { return exchange_bytes(in, out, true); },
-            .collective = true});
+            .collective = Collective::kExchange,
+            .recomputable = false});
   r.add_op({.name = "ep_from_experts",
             .infer = infer_exchange,
             .backward =
                 [](GradContext& c) {
                   EpLayout l{c.in(2), c.in(3), c.b.shape(c.in(0))[0]};
                   return std::vector<ValueId>{
-                      ep_to_experts(c.b, c.grad_out(0), c.in(1), l, c.attrs().s("group")), kNoValue,
+                      ep_to_experts(c.b, c.grad_out(0), c.in(1), l, c.attrs().group()), kNoValue,
                       kNoValue, kNoValue};
                 },
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                            const Attrs&, DeviceType) { return exchange_bytes(in, out, false); },
-            .collective = true});
+            .collective = Collective::kExchange,
+            .recomputable = false});
 
   KernelFn counts = [](KernelContext& c) {
     MT_CHECK(c.services != nullptr, "ep_counts needs the mesh's communicators");
-    Communicator& comm = c.services->comm(c.attrs().s("group"));
+    Communicator& comm = c.services->comm(c.attrs().group());
     Backend& be = c.services->backend();
     const int ep = comm.size();
     const Tensor& groups = c.in[0];
@@ -207,8 +206,13 @@ MT_REGISTER_OPS {
   };
   for (DeviceType d : {DeviceType::kCPU, DeviceType::kCUDA}) {
     r.add_kernel("ep_counts", d, counts);
-    r.add_kernel("ep_to_experts", d, exchange_kernel(true));
-    r.add_kernel("ep_from_experts", d, exchange_kernel(false));
+    // Scratch: the peer-major exchange buffer (see exchange_bytes).
+    r.add_kernel("ep_to_experts", d, exchange_kernel(true),
+                 [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                    const Attrs&) { return exchange_bytes(in, out, true); });
+    r.add_kernel("ep_from_experts", d, exchange_kernel(false),
+                 [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                    const Attrs&) { return exchange_bytes(in, out, false); });
   }
 }
 

@@ -29,11 +29,11 @@ struct EpLayout {
 // groups [2, E] int32 from moe_dispatch_plan with alignment 1 over `choices` routed rows; `ep`
 // ranks in `group`. The local buffer is capacity-bounded for the worst case: every choice of
 // every peer routed to this rank's experts.
-EpLayout ep_counts(Builder& b, ValueId groups, const std::string& group, int ep, int64_t alignment,
+EpLayout ep_counts(Builder& b, ValueId groups, MeshGroup group, int ep, int64_t alignment,
                    int64_t choices);
 ValueId ep_to_experts(Builder& b, ValueId x_perm, ValueId groups, const EpLayout& layout,
-                      const std::string& group);
+                      MeshGroup group);
 ValueId ep_from_experts(Builder& b, ValueId y_local, ValueId groups, const EpLayout& layout,
-                        int64_t capacity, const std::string& group);
+                        int64_t capacity, MeshGroup group);
 
 }  // namespace meshtrain::ops

@@ -120,12 +120,8 @@ MemoryPlan plan_memory(const Graph& graph, DeviceType device) {
 
   for (int pos = 0; pos < steps; ++pos) {
     const Node& n = graph.node(plan.schedule[size_t(pos)]);
-    const OpDef& def = reg.op(n.op);
-    if (!def.workspace) continue;
-    std::vector<TensorMeta> ins, outs;
-    for (ValueId v : n.inputs) ins.push_back(graph.value(v).meta);
-    for (ValueId v : n.outputs) outs.push_back(graph.value(v).meta);
-    int64_t bytes = int64_t(def.workspace(ins, outs, n.attrs, device));
+    // The scratch of the kernel this node will run on `device` (its registration sizes it).
+    const int64_t bytes = int64_t(reg.workspace_bytes(n, graph, device));
     if (bytes <= 0) continue;
     plan.workspace_bytes[size_t(n.id)] = bytes;
     plan.blocks.push_back(ArenaBlock{0, align_up(bytes), pos, pos, kNoValue, n.id});

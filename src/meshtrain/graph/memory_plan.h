@@ -49,6 +49,8 @@ struct MemoryPlan {
 // Root value whose storage a value uses (itself unless it is a view).
 ValueId storage_root(const Graph& graph, ValueId v);
 
+// Node workspaces are sized by the kernels registered for `device` (ValueError for a scheduled op
+// without one: such a graph could not run there either).
 MemoryPlan plan_memory(const Graph& graph, DeviceType device);
 
 }  // namespace meshtrain

@@ -67,11 +67,20 @@ const std::vector<int64_t>& Attrs::ints(const std::string& key) const {
   return std::get<std::vector<int64_t>>(v);
 }
 
+MeshGroup Attrs::group(const std::string& key) const {
+  return mesh_group_from_int(i(key), "attribute '" + key + "'");
+}
+
 std::string Attrs::to_string() const {
   std::string out;
   for (const auto& [k, v] : items_) {
     if (!out.empty()) out += ", ";
     out += k + "=";
+    if (k == "group" && std::holds_alternative<int64_t>(v)) {  // a mesh group: show its name
+      const int64_t g = std::get<int64_t>(v);
+      out += g >= 0 && g < kNumMeshGroups ? mesh_group_name(MeshGroup(g)) : std::to_string(g);
+      continue;
+    }
     std::visit(
         [&](const auto& x) {
           using T = std::decay_t<decltype(x)>;

@@ -1,5 +1,6 @@
 // Attrs: the small typed attribute map a graph node carries (ints, floats, strings, int lists).
-// Lookups name the missing key and the op, so a malformed node fails with a clear message.
+// Lookups name the missing key and the op, so a malformed node fails with a clear message. A mesh
+// group is stored as its enum value (an int); group() reads it back, checked.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,8 @@
 #include <utility>
 #include <variant>
 #include <vector>
+
+#include "meshtrain/core/mesh_group.h"
 
 namespace meshtrain {
 
@@ -28,6 +31,8 @@ class Attrs {
   std::string s(const std::string& key, const std::string& fallback) const;
   const std::vector<int64_t>& ints(const std::string& key) const;
   bool b(const std::string& key, bool fallback = false) const { return i(key, fallback) != 0; }
+  // The mesh group of a collective (attr "group", set as int64_t(MeshGroup)).
+  MeshGroup group(const std::string& key = "group") const;
 
   const std::vector<std::pair<std::string, AttrValue>>& items() const { return items_; }
   std::string to_string() const;

@@ -136,8 +136,9 @@ std::string Graph::dump() const {
     std::vector<std::string> outs, ins;
     for (ValueId v : n.outputs) outs.push_back(fmt_value(v));
     for (ValueId v : n.inputs) ins.push_back(fmt_value(v));
-    s += fmt::format("{:>5} [{}:{}] {} = {}({}){}{}\n", n.id, node_phase_name(n.phase), n.stream,
-                     fmt::join(outs, ", "), n.op, fmt::join(ins, ", "),
+    s += fmt::format("{:>5} {}[{}:{}] {} = {}({}){}{}\n", n.id,
+                     n.phase == NodePhase::kRecompute ? "*" : " ", node_phase_name(n.phase),
+                     n.stream, fmt::join(outs, ", "), n.op, fmt::join(ins, ", "),
                      n.attrs.items().empty() ? "" : " {" + n.attrs.to_string() + "}",
                      n.scope.empty() ? "" : "  @" + n.scope);
   }

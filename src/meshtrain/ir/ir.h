@@ -98,7 +98,9 @@ class Graph {
   int add_scalar(const std::string& name);
   const std::vector<std::string>& scalar_names() const { return scalars_; }
 
-  // Human-readable listing, one node per line (debugging and `meshtrain plan --dump-graph`).
+  // The IR in schedule order, one node per line: id, phase (recomputed nodes marked `*`), stream,
+  // outputs = op(inputs), attributes, scope. For debugging; the listing with the memory plan and
+  // collective bytes that `meshtrain plan --dump-graph` prints is graph/graph_dump.h.
   std::string dump() const;
 
  private:

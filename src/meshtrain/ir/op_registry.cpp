@@ -5,6 +5,17 @@
 
 namespace meshtrain {
 
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kNone: return "none";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kExchange: return "exchange";
+  }
+  return "?";
+}
+
 OpRegistry& OpRegistry::instance() {
   static OpRegistry r;
   return r;
@@ -29,26 +40,41 @@ std::vector<std::string> OpRegistry::op_names() const {
   return names;
 }
 
-void OpRegistry::add_kernel(const std::string& op, DeviceType device, KernelFn fn) {
-  add_kernel_factory(op, device, [fn](const Node&, const Graph&) { return fn; });
+void OpRegistry::add_kernel(const std::string& op, DeviceType device, KernelFn fn,
+                            WorkspaceFn workspace) {
+  add_kernel_factory(
+      op, device, [fn](const Node&, const Graph&) { return fn; }, std::move(workspace));
 }
 
-void OpRegistry::add_kernel_factory(const std::string& op, DeviceType device,
-                                    KernelFactory factory) {
+void OpRegistry::add_kernel_factory(const std::string& op, DeviceType device, KernelFactory factory,
+                                    WorkspaceFn workspace) {
   auto key = std::make_pair(op, device);
   MT_CHECK(kernels_.count(key) == 0, "kernel for op {} registered twice", op);
-  kernels_.emplace(key, std::move(factory));
+  kernels_.emplace(key, Kernel{std::move(factory), std::move(workspace)});
 }
 
 bool OpRegistry::has_kernel(const std::string& op, DeviceType device) const {
   return kernels_.count({op, device}) > 0;
 }
 
-KernelFn OpRegistry::make_kernel(const Node& node, const Graph& graph, DeviceType device) const {
-  auto it = kernels_.find({node.op, device});
-  MT_CHECK_T(ValueError, it != kernels_.end(), "op '{}' has no kernel for the {} backend", node.op,
+const OpRegistry::Kernel& OpRegistry::kernel(const std::string& op, DeviceType device) const {
+  auto it = kernels_.find({op, device});
+  MT_CHECK_T(ValueError, it != kernels_.end(), "op '{}' has no kernel for the {} backend", op,
              device == DeviceType::kCPU ? "cpu" : "cuda");
-  return it->second(node, graph);
+  return it->second;
+}
+
+KernelFn OpRegistry::make_kernel(const Node& node, const Graph& graph, DeviceType device) const {
+  return kernel(node.op, device).factory(node, graph);
+}
+
+size_t OpRegistry::workspace_bytes(const Node& node, const Graph& graph, DeviceType device) const {
+  const Kernel& k = kernel(node.op, device);
+  if (!k.workspace) return 0;
+  std::vector<TensorMeta> ins, outs;
+  for (ValueId v : node.inputs) ins.push_back(graph.value(v).meta);
+  for (ValueId v : node.outputs) outs.push_back(graph.value(v).meta);
+  return k.workspace(ins, outs, node.attrs);
 }
 
 }  // namespace meshtrain

@@ -1,6 +1,6 @@
-// The op registry: every op's definition (shape inference, backward rule, workspace, flags) and
-// its kernels per device type. Op families register themselves from src/meshtrain/ops/ with
-// MT_REGISTER_OPS; graph code (builder, autodiff, executor) finds them here by name only.
+// The op registry: every op's definition (shape inference, backward rule, flags) and its kernels
+// per device type, each kernel with the size of the scratch it lays out. Op families register
+// themselves from src/meshtrain/ops/ with MT_REGISTER_OPS; graph code finds them here by name only.
 #pragma once
 
 #include <functional>
@@ -33,25 +33,46 @@ struct GradContext {
 using InferFn = std::function<std::vector<TensorMeta>(const std::vector<TensorMeta>& inputs,
                                                       const Attrs& attrs)>;
 using BackwardFn = std::function<std::vector<ValueId>(GradContext& ctx)>;
-using WorkspaceFn = std::function<size_t(const std::vector<TensorMeta>& inputs,
-                                         const std::vector<TensorMeta>& outputs, const Attrs& attrs,
-                                         DeviceType device)>;
+// Scratch bytes a kernel needs for one node (shapes only, never data: the memory plan is fixed
+// before the first step). Registered with the kernel that lays the scratch out.
+using WorkspaceFn =
+    std::function<size_t(const std::vector<TensorMeta>& inputs,
+                         const std::vector<TensorMeta>& outputs, const Attrs& attrs)>;
+
+// What a collective op does over the mesh group in its "group" attribute (see comm/).
+enum class Collective : uint8_t {
+  kNone,
+  kAllGather,      // [n, ...] on each of k ranks -> [k·n, ...]
+  kReduceScatter,  // [k·n, ...] -> block r of the sum, on rank r
+  kAllReduce,      // the sum on every rank
+  kExchange,       // the expert-parallel token exchange (all_to_all_v, data-dependent sizes)
+};
+const char* collective_name(Collective c);  // "all_gather", ..., "exchange"
 
 struct OpDef {
   std::string name;
   InferFn infer;
-  BackwardFn backward;       // empty: not differentiable (its inputs get no gradient)
-  WorkspaceFn workspace;     // empty: no scratch memory
+  BackwardFn backward;  // empty: not differentiable (its inputs get no gradient)
+  // Properties: what passes decide by (a pass never tests an op's name).
   int view_of_input = -1;    // >= 0: output 0 is a view of that input's memory (no copy)
   bool side_effect = false;  // writes persistent inputs in place; never removed as dead code
-  bool collective = false;   // communicates; runs on the stream of its mesh group
+  Collective collective = Collective::kNone;  // communicates; runs on its mesh group's stream
+  bool recomputable = true;    // false: a recompute pass never clones it (the token exchange)
+  bool cast = false;           // converts the dtype, element for element
+  bool rearranges = false;     // output elements are input elements moved (reshape, slice, ...)
+  bool compute_heavy = false;  // matmul-class cost: per-op selective AC saves its outputs
+  bool sums_inputs = false;    // output = element-wise sum of its same-shaped inputs
+  // Output = zeros of extent attr "full_extent" along attr "dim", input 0 placed at attr
+  // "start": the gradient of a slice.
+  bool pads_slice = false;
+  bool is_collective() const { return collective != Collective::kNone; }
 };
 
-// Services a kernel may call: the communicator of a named mesh group.
+// Services a kernel may call: the communicator of a mesh group.
 class ExecServices {
  public:
   virtual ~ExecServices() = default;
-  virtual Communicator& comm(const std::string& group) = 0;
+  virtual Communicator& comm(MeshGroup group) = 0;
   virtual Backend& backend() = 0;
 };
 
@@ -81,14 +102,25 @@ class OpRegistry {
   bool has_op(const std::string& name) const { return ops_.count(name) > 0; }
   std::vector<std::string> op_names() const;
 
-  void add_kernel(const std::string& op, DeviceType device, KernelFn fn);
-  void add_kernel_factory(const std::string& op, DeviceType device, KernelFactory factory);
+  // `workspace` empty: the kernel needs no scratch.
+  void add_kernel(const std::string& op, DeviceType device, KernelFn fn,
+                  WorkspaceFn workspace = {});
+  void add_kernel_factory(const std::string& op, DeviceType device, KernelFactory factory,
+                          WorkspaceFn workspace = {});
   bool has_kernel(const std::string& op, DeviceType device) const;
   KernelFn make_kernel(const Node& node, const Graph& graph, DeviceType device) const;
+  // Scratch bytes of the node's kernel on `device` (what the memory plan reserves); ValueError when
+  // the op has no kernel there.
+  size_t workspace_bytes(const Node& node, const Graph& graph, DeviceType device) const;
 
  private:
+  struct Kernel {
+    KernelFactory factory;
+    WorkspaceFn workspace;
+  };
+  const Kernel& kernel(const std::string& op, DeviceType device) const;
   std::map<std::string, OpDef> ops_;
-  std::map<std::pair<std::string, DeviceType>, KernelFactory> kernels_;
+  std::map<std::pair<std::string, DeviceType>, Kernel> kernels_;
 };
 
 }  // namespace meshtrain

@@ -214,7 +214,7 @@ ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_s
   const DType rdt = router_dtype(plan.config().compute_dtype);
   // ETP = 1: experts see this rank's token shard (EP takes the tp ranks). ETP = tp: the experts
   // are column/row-parallel too, so the block runs on all tokens and ends with one tp_exit.
-  const bool etp = plan.group_size("etp") > 1;
+  const bool etp = plan.group_size(MeshGroup::kEtp) > 1;
   if (etp) x = plan.tp_enter(b, x);
   MoeWeights w;
   const ParamOptions ecol{.kind = ParamKind::kExpert, .tp = TpStyle::kColwise};

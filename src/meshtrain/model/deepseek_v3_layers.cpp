@@ -80,7 +80,7 @@ ValueId mla_forward(Builder& b, const DeepSeekV3Args& a, const MlaWeights& w, Va
 
 MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w, ValueId x,
                        const ParallelPlan* plan) {
-  const bool ep = plan && plan->group_size("ep") > 1;
+  const bool ep = plan && plan->group_size(MeshGroup::kEp) > 1;
   const DeepSeekV3MoEArgs& m = a.moe;
   const DType rdt = router_dtype(b.dtype(x));
   MoeOutputs out;

@@ -1,8 +1,6 @@
-// attention / attention_backward: shape inference, CPU workspace sizes and the backward rule.
+// attention / attention_backward: shape inference and the backward rule.
 // The gradient of lse is not supported: the model never puts lse on the path to the loss.
 #include "meshtrain/ops/attention.h"
-
-#include <algorithm>
 
 namespace meshtrain::ops {
 
@@ -48,24 +46,6 @@ AttentionGrads attention_backward(Builder& b, ValueId q, ValueId k, ValueId v, V
   return {g[0], g[1], g[2]};
 }
 
-namespace {
-
-// CPU kernels compute in the input dtype (float32 or float64), one [row block, S] tile at a time.
-size_t cpu_tile_bytes(const TensorMeta& q) {
-  const int64_t s = q.shape[1];
-  const size_t elem = dtype_size(q.dtype == DType::kF64 ? DType::kF64 : DType::kF32);
-  return size_t(std::min(s, kCpuAttentionRowBlock) * s) * elem;
-}
-
-// CUDA backward: delta = rowsum(dout * out) per (batch, q head, row), in the accumulation type
-// (fp32 for bf16/fp32, fp64 for fp64). The forward needs no scratch on CUDA.
-size_t cuda_delta_bytes(const TensorMeta& q) {
-  const size_t elem = q.dtype == DType::kF64 ? sizeof(double) : sizeof(float);
-  return size_t(q.shape[0] * q.shape[2] * q.shape[1]) * elem;
-}
-
-}  // namespace
-
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
   r.add_op({.name = "attention",
@@ -89,11 +69,7 @@ MT_REGISTER_OPS {
                                          c.grad_out(0), a.f("softmax_scale"), a.b("causal"));
                   return std::vector<ValueId>{g.dq, g.dk, g.dv};
                 },
-            // CPU: one [row block, S] tile of scores/probabilities, reused across heads.
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                            const Attrs&, DeviceType device) -> size_t {
-              return device == DeviceType::kCPU ? cpu_tile_bytes(in[0]) : 0;
-            }});
+            .compute_heavy = true});
   r.add_op(
       {.name = "attention_backward",
        .infer =
@@ -112,11 +88,7 @@ MT_REGISTER_OPS {
                         in[4].dtype, in[4].shape);
              return std::vector<TensorMeta>{in[0], in[1], in[2]};
            },
-       // CPU: tiles of the probabilities P and of their gradient dP. CUDA: the delta rows.
-       .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                       const Attrs&, DeviceType device) -> size_t {
-         return device == DeviceType::kCPU ? 2 * cpu_tile_bytes(in[0]) : cuda_delta_bytes(in[0]);
-       }});
+       .compute_heavy = true});
 }
 
 }  // namespace meshtrain::ops

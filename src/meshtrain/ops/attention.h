@@ -29,8 +29,4 @@ struct AttentionDims {
 AttentionDims attention_dims(const TensorMeta& q, const TensorMeta& k, const TensorMeta& v);
 DType attention_lse_dtype(DType input);
 
-// CPU kernels walk the queries in blocks of this many rows; with causal masking each block only
-// multiplies against the keys it can see. Workspace holds one [block, S] tile per buffer.
-constexpr int64_t kCpuAttentionRowBlock = 64;
-
 }  // namespace meshtrain::ops

@@ -2,8 +2,6 @@
 // and the token count are data, checked by the kernels; shapes and dtypes are checked here.
 #include "meshtrain/ops/cross_entropy.h"
 
-#include "meshtrain/ops/cuda/cuda_workspace.h"
-
 namespace meshtrain::ops {
 namespace {
 
@@ -59,14 +57,7 @@ MT_REGISTER_OPS {
                   ValueId d = cross_entropy_backward(c.b, c.in(0), c.in(1), c.in(2), c.grad_out(0),
                                                      c.attrs().i("ignore_index"));
                   return std::vector<ValueId>{d, kNoValue, kNoValue};
-                },
-            // CUDA: one float64 loss per row, then a deterministic reduction's partials.
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                            const Attrs&, DeviceType device) -> size_t {
-              return device == DeviceType::kCUDA
-                         ? cuda::cross_entropy_workspace_bytes(in[0].shape[0])
-                         : 0;
-            }});
+                }});
   r.add_op({.name = "cross_entropy_backward",
             .infer = [](const std::vector<TensorMeta>& in, const Attrs&) {
               MT_CHECK_T(ShapeError, in.size() == 4,

@@ -1,8 +1,6 @@
 // Definitions (shape inference and backward rules) of the elementwise and structural ops.
 #include "meshtrain/ops/elementwise.h"
 
-#include "meshtrain/ops/cuda/cuda_workspace.h"
-
 namespace meshtrain::ops {
 namespace {
 std::vector<TensorMeta> same_as_first(const std::vector<TensorMeta>& in, const Attrs&) {
@@ -61,7 +59,8 @@ MT_REGISTER_OPS {
             .backward =
                 [](GradContext& c) {
                   return std::vector<ValueId>{c.grad_out(0), c.grad_out(0)};
-                }});
+                },
+            .sums_inputs = true});
   r.add_op({.name = "mul",
             .infer =
                 [](const std::vector<TensorMeta>& in, const Attrs&) {
@@ -86,7 +85,8 @@ MT_REGISTER_OPS {
             .backward =
                 [](GradContext& c) {
                   return std::vector<ValueId>{cast(c.b, c.grad_out(0), c.b.dtype(c.in(0)))};
-                }});
+                },
+            .cast = true});
   r.add_op({.name = "reshape",
             .infer =
                 [](const std::vector<TensorMeta>& in, const Attrs& a) {
@@ -99,7 +99,8 @@ MT_REGISTER_OPS {
                 [](GradContext& c) {
                   return std::vector<ValueId>{reshape(c.b, c.grad_out(0), c.b.shape(c.in(0)))};
                 },
-            .view_of_input = 0});
+            .view_of_input = 0,
+            .rearranges = true});
   r.add_op({.name = "grad_cast",
             .infer = same_as_first,
             .backward =
@@ -117,12 +118,7 @@ MT_REGISTER_OPS {
                 [](GradContext& c) {
                   return std::vector<ValueId>{
                       expand_scalar(c.b, c.grad_out(0), c.b.shape(c.in(0)))};
-                },
-            // CUDA: the float64 partials of a deterministic two-pass reduction.
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                            const Attrs&, DeviceType device) -> size_t {
-              return device == DeviceType::kCUDA ? cuda::reduce_workspace_bytes(in[0].numel()) : 0;
-            }});
+                }});
   r.add_op(
       {.name = "expand_scalar",
        .infer =

@@ -2,8 +2,6 @@
 // kernels check it; everything shape- or dtype-related is checked here, once.
 #include "meshtrain/ops/embedding.h"
 
-#include "meshtrain/ops/cuda/cuda_workspace.h"
-
 namespace meshtrain::ops {
 namespace {
 
@@ -61,15 +59,7 @@ MT_REGISTER_OPS {
               ValueId dw = embedding_backward(c.b, c.in(0), c.grad_out(0), c.b.shape(c.in(1))[0]);
               return std::vector<ValueId>{kNoValue, dw};
             }});
-  r.add_op({.name = "embedding_backward",
-            .infer = infer_embedding_backward,
-            // CUDA: the buffers of a stable sort of the ids (no float atomics in dweight).
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                            const Attrs&, DeviceType device) -> size_t {
-              return device == DeviceType::kCUDA
-                         ? cuda::embedding_backward_workspace_bytes(in[0].numel(), out[0].shape[0])
-                         : 0;
-            }});
+  r.add_op({.name = "embedding_backward", .infer = infer_embedding_backward});
 }
 
 }  // namespace meshtrain::ops

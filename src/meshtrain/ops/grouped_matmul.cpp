@@ -70,13 +70,6 @@ ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups) 
   return b.op1("grouped_matmul_wgrad", {a, bm, groups});
 }
 
-// CUDA runs one cuBLAS GEMM per expert (ops/cuda/grouped_matmul.cu) in cuBLAS's recommended
-// workspace on Hopper, which the memory plan hands to the node.
-static size_t cublas_workspace(const std::vector<TensorMeta>&, const std::vector<TensorMeta>&,
-                               const Attrs&, DeviceType device) {
-  return device == DeviceType::kCUDA ? size_t(32) << 20 : 0;
-}
-
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
   r.add_op({.name = "grouped_matmul",
@@ -93,8 +86,8 @@ MT_REGISTER_OPS {
                               : grouped_matmul_wgrad(c.b, c.in(0), c.grad_out(0), c.in(2));
                   return g;
                 },
-            .workspace = cublas_workspace});
-  r.add_op({.name = "grouped_matmul_wgrad", .infer = infer_wgrad, .workspace = cublas_workspace});
+            .compute_heavy = true});
+  r.add_op({.name = "grouped_matmul_wgrad", .infer = infer_wgrad, .compute_heavy = true});
 }
 
 }  // namespace meshtrain::ops

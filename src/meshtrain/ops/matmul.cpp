@@ -5,11 +5,6 @@
 
 namespace meshtrain::ops {
 
-namespace {
-// Equals cuda::kGemmWorkspaceBytes (ops/cuda/cublaslt_matmul.h), which CPU builds cannot include.
-constexpr size_t kCudaMatmulWorkspaceBytes = size_t(32) << 20;
-}  // namespace
-
 MatmulDims matmul_dims(const TensorMeta& a, const TensorMeta& b, bool ta, bool tb) {
   MT_CHECK_T(ShapeError, a.shape.rank() >= 1 && b.shape.rank() >= 1,
              "matmul operands need rank >= 1, found {} and {}", a.shape, b.shape);
@@ -28,54 +23,50 @@ ValueId matmul(Builder& b, ValueId a, ValueId bm, bool ta, bool tb) {
 }
 
 MT_REGISTER_OPS {
-  OpRegistry::instance().add_op(
-      {.name = "matmul",
-       .infer =
-           [](const std::vector<TensorMeta>& in, const Attrs& at) {
-             bool ta = at.b("transpose_a"), tb = at.b("transpose_b");
-             MatmulDims d = matmul_dims(in.at(0), in.at(1), ta, tb);
-             std::vector<int64_t> dims;
-             if (ta) {
-               dims = {d.m, d.n};
-             } else {
-               dims = in[0].shape.dims();
-               dims.back() = d.n;
-             }
-             return std::vector<TensorMeta>{{Shape(dims), in[0].dtype}};
-           },
-       .backward =
-           [](GradContext& c) {
-             Builder& b = c.b;
-             bool ta = c.attrs().b("transpose_a"), tb = c.attrs().b("transpose_b");
-             ValueId A = c.in(0), B = c.in(1), G = c.grad_out(0);
-             ValueId dA = kNoValue, dB = kNoValue;
-             // C = op(A) op(B); each case writes dA, dB as products of G, A, B.
-             if (c.needs_grad[0]) {
-               if (!ta)
-                 dA = matmul(b, G, B, false, !tb);  // G op(B)^T
-               else if (!tb)
-                 dA = matmul(b, B, G, false, true);  // B G^T
-               else
-                 dA = matmul(b, B, G, true, true);  // B^T G^T
-               dA = reshape(b, dA, b.shape(A));
-             }
-             if (c.needs_grad[1]) {
-               if (!tb)
-                 dB = matmul(b, A, G, !ta, false);  // op(A)^T G
-               else if (!ta)
-                 dB = matmul(b, G, A, true, false);  // G^T A
-               else
-                 dB = matmul(b, G, A, true, true);  // G^T A^T
-               dB = reshape(b, dB, b.shape(B));
-             }
-             return std::vector<ValueId>{dA, dB};
-           },
-       // CUDA: cuBLASLt's recommended 32 MiB on Hopper (split-K partials, kernel scratch); the
-       // CUDA kernel plans its algorithm for exactly this size. CPU (OpenBLAS) needs none.
-       .workspace = [](const std::vector<TensorMeta>&, const std::vector<TensorMeta>&, const Attrs&,
-                       DeviceType device) -> size_t {
-         return device == DeviceType::kCUDA ? kCudaMatmulWorkspaceBytes : 0;
-       }});
+  OpRegistry::instance().add_op({.name = "matmul",
+                                 .infer =
+                                     [](const std::vector<TensorMeta>& in, const Attrs& at) {
+                                       bool ta = at.b("transpose_a"), tb = at.b("transpose_b");
+                                       MatmulDims d = matmul_dims(in.at(0), in.at(1), ta, tb);
+                                       std::vector<int64_t> dims;
+                                       if (ta) {
+                                         dims = {d.m, d.n};
+                                       } else {
+                                         dims = in[0].shape.dims();
+                                         dims.back() = d.n;
+                                       }
+                                       return std::vector<TensorMeta>{{Shape(dims), in[0].dtype}};
+                                     },
+                                 .backward =
+                                     [](GradContext& c) {
+                                       Builder& b = c.b;
+                                       bool ta = c.attrs().b("transpose_a"),
+                                            tb = c.attrs().b("transpose_b");
+                                       ValueId A = c.in(0), B = c.in(1), G = c.grad_out(0);
+                                       ValueId dA = kNoValue, dB = kNoValue;
+                                       // C = op(A) op(B); each case writes dA, dB as products of G,
+                                       // A, B.
+                                       if (c.needs_grad[0]) {
+                                         if (!ta)
+                                           dA = matmul(b, G, B, false, !tb);  // G op(B)^T
+                                         else if (!tb)
+                                           dA = matmul(b, B, G, false, true);  // B G^T
+                                         else
+                                           dA = matmul(b, B, G, true, true);  // B^T G^T
+                                         dA = reshape(b, dA, b.shape(A));
+                                       }
+                                       if (c.needs_grad[1]) {
+                                         if (!tb)
+                                           dB = matmul(b, A, G, !ta, false);  // op(A)^T G
+                                         else if (!ta)
+                                           dB = matmul(b, G, A, true, false);  // G^T A
+                                         else
+                                           dB = matmul(b, G, A, true, true);  // G^T A^T
+                                         dB = reshape(b, dB, b.shape(B));
+                                       }
+                                       return std::vector<ValueId>{dA, dB};
+                                     },
+                                 .compute_heavy = true});
 }
 
 }  // namespace meshtrain::ops

@@ -1,7 +1,6 @@
 // moe_dispatch_plan / moe_permute: capacity rule, shape inference and the backward rule.
 #include "meshtrain/ops/moe_permute.h"
 
-#include "meshtrain/ops/cuda/moe_permute_workspace.h"
 #include "meshtrain/ops/moe_combine.h"
 
 namespace meshtrain::ops {
@@ -83,31 +82,15 @@ ValueId moe_permute(Builder& b, ValueId x, const DispatchPlan& plan, ValueId wei
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
-  r.add_op({.name = "moe_dispatch_plan",
-            .infer = infer_plan,
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                            const Attrs& a, DeviceType device) -> size_t {
-              return device == DeviceType::kCUDA
-                         ? cuda::dispatch_plan_workspace_bytes(in[0].numel(), a.i("num_experts"))
-                         : 0;
-            }});
-  r.add_op({.name = "moe_permute",
-            .infer = infer_permute,
-            .backward =
-                [](GradContext& c) {
-                  const bool weighted = c.node.inputs.size() == 3;
-                  const ValueId w = weighted ? c.in(2) : kNoValue;
-                  std::vector<ValueId> g(c.node.inputs.size(), kNoValue);
-                  if (c.needs_grad[0]) g[0] = moe_combine(c.b, c.grad_out(0), c.in(1), w);
-                  if (weighted && c.needs_grad[2])
-                    g[2] = moe_row_dot(c.b, c.grad_out(0), c.in(0), c.in(1));
-                  return g;
-                },
-            .workspace = [](const std::vector<TensorMeta>&, const std::vector<TensorMeta>& out,
-                            const Attrs&, DeviceType device) -> size_t {
-              return device == DeviceType::kCUDA
-                         ? cuda::moe_permute_workspace_bytes(out[0].shape[0])
-                         : 0;
+  r.add_op({.name = "moe_dispatch_plan", .infer = infer_plan});
+  r.add_op({.name = "moe_permute", .infer = infer_permute, .backward = [](GradContext& c) {
+              const bool weighted = c.node.inputs.size() == 3;
+              const ValueId w = weighted ? c.in(2) : kNoValue;
+              std::vector<ValueId> g(c.node.inputs.size(), kNoValue);
+              if (c.needs_grad[0]) g[0] = moe_combine(c.b, c.grad_out(0), c.in(1), w);
+              if (weighted && c.needs_grad[2])
+                g[2] = moe_row_dot(c.b, c.grad_out(0), c.in(0), c.in(1));
+              return g;
             }});
 }
 

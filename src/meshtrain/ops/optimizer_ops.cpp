@@ -1,8 +1,6 @@
 // Definitions of the optimizer ops (no backward: they run after it).
 #include "meshtrain/ops/optimizer_ops.h"
 
-#include "meshtrain/ops/cuda/cuda_workspace.h"
-
 namespace meshtrain::ops {
 
 ValueId sum_squares(Builder& b, ValueId x) { return b.op1("sum_squares", {x}); }
@@ -28,15 +26,8 @@ double clip_coefficient(double total_norm, double max_norm) {
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
-  r.add_op({.name = "sum_squares",
-            .infer =
-                [](const std::vector<TensorMeta>&, const Attrs&) {
-                  return std::vector<TensorMeta>{{Shape{1}, DType::kF64}};
-                },
-            // CUDA: the float64 partials of a deterministic two-pass reduction.
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                            const Attrs&, DeviceType device) -> size_t {
-              return device == DeviceType::kCUDA ? cuda::reduce_workspace_bytes(in[0].numel()) : 0;
+  r.add_op({.name = "sum_squares", .infer = [](const std::vector<TensorMeta>&, const Attrs&) {
+              return std::vector<TensorMeta>{{Shape{1}, DType::kF64}};
             }});
   r.add_op({.name = "adamw_update",
             .infer =

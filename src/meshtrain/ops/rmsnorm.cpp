@@ -1,8 +1,6 @@
 // rmsnorm / rmsnorm_backward: shape inference, workspace and the backward rule.
 #include "meshtrain/ops/rmsnorm.h"
 
-#include "meshtrain/ops/cuda/cuda_workspace.h"
-
 namespace meshtrain::ops {
 namespace {
 
@@ -50,24 +48,14 @@ MT_REGISTER_OPS {
                   return std::vector<ValueId>{g.dx, g.dw};
                 }});
   r.add_op(
-      {.name = "rmsnorm_backward",
-       .infer =
-           [](const std::vector<TensorMeta>& in, const Attrs& a) {
-             MT_CHECK_T(ShapeError, in.size() == 3,
-                        "rmsnorm_backward takes (x, w, dy), found {} inputs", in.size());
-             check_x_w(in[0], in[1], "rmsnorm_backward");
-             check_eps(a, "rmsnorm_backward");
-             MT_CHECK_T(ShapeError, in[2] == in[0], "rmsnorm_backward: dy {} {} must match x {} {}",
-                        in[2].dtype, in[2].shape, in[0].dtype, in[0].shape);
-             return std::vector<TensorMeta>{in[0], in[1]};
-           },
-       // CPU: the dw row-sum accumulates in float64 scratch of D elements. CUDA: 1/rms per
-       // row and per-row-group column partials of dw (a deterministic reduction).
-       .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                       const Attrs&, DeviceType device) -> size_t {
-         if (device == DeviceType::kCUDA)
-           return cuda::rmsnorm_backward_workspace_bytes(in[0].shape.rows(), in[0].shape.last());
-         return size_t(in[1].numel()) * sizeof(double);
+      {.name = "rmsnorm_backward", .infer = [](const std::vector<TensorMeta>& in, const Attrs& a) {
+         MT_CHECK_T(ShapeError, in.size() == 3,
+                    "rmsnorm_backward takes (x, w, dy), found {} inputs", in.size());
+         check_x_w(in[0], in[1], "rmsnorm_backward");
+         check_eps(a, "rmsnorm_backward");
+         MT_CHECK_T(ShapeError, in[2] == in[0], "rmsnorm_backward: dy {} {} must match x {} {}",
+                    in[2].dtype, in[2].shape, in[0].dtype, in[0].shape);
+         return std::vector<TensorMeta>{in[0], in[1]};
        }});
 }
 

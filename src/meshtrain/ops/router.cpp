@@ -28,12 +28,6 @@ void check_choices(const TensorMeta& t, const TensorMeta& logits, int64_t k, DTy
              op, what, dtype, want, t.dtype, t.shape);
 }
 
-// CPU scratch per token: scores and biased scores (E doubles each), expert order (E int32),
-// group scores (G doubles) and group order (G int32).
-size_t router_workspace(int64_t e, int64_t g) {
-  return size_t(2 * e + g) * sizeof(double) + size_t(e + g) * sizeof(int32_t);
-}
-
 }  // namespace
 
 void validate_router_config(const RouterConfig& c, int64_t num_experts) {
@@ -117,32 +111,18 @@ MT_REGISTER_OPS {
                     dl = router_backward(c.b, c.in(0), c.out(0), c.grad_out(1),
                                          router_config_from_attrs(c.attrs()));
                   return std::vector<ValueId>{dl, kNoValue};
-                },
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                            const Attrs& a, DeviceType device) -> size_t {
-              return device == DeviceType::kCPU
-                         ? router_workspace(in[0].shape[1], a.i("num_expert_groups"))
-                         : 0;
-            }});
-  r.add_op({.name = "router_backward",
-            .infer =
-                [](const std::vector<TensorMeta>& in, const Attrs& a) {
-                  MT_CHECK_T(ShapeError, in.size() == 3,
-                             "router_backward takes (logits, ids, dweights), found {} inputs",
-                             in.size());
-                  check_logits(in[0], "router_backward");
-                  RouterConfig c = router_config_from_attrs(a);
-                  validate_router_config(c, in[0].shape[1]);
-                  check_choices(in[1], in[0], c.top_k, DType::kI32, "ids", "router_backward");
-                  check_choices(in[2], in[0], c.top_k, in[0].dtype, "dweights", "router_backward");
-                  return std::vector<TensorMeta>{in[0]};
-                },
-            .workspace = [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                            const Attrs& a, DeviceType device) -> size_t {
-              return device == DeviceType::kCPU
-                         ? router_workspace(in[0].shape[1], a.i("num_expert_groups"))
-                         : 0;
-            }});
+                }});
+  r.add_op(
+      {.name = "router_backward", .infer = [](const std::vector<TensorMeta>& in, const Attrs& a) {
+         MT_CHECK_T(ShapeError, in.size() == 3,
+                    "router_backward takes (logits, ids, dweights), found {} inputs", in.size());
+         check_logits(in[0], "router_backward");
+         RouterConfig c = router_config_from_attrs(a);
+         validate_router_config(c, in[0].shape[1]);
+         check_choices(in[1], in[0], c.top_k, DType::kI32, "ids", "router_backward");
+         check_choices(in[2], in[0], c.top_k, in[0].dtype, "dweights", "router_backward");
+         return std::vector<TensorMeta>{in[0]};
+       }});
 }
 
 }  // namespace meshtrain::ops

@@ -108,14 +108,18 @@ ValueId sum_dim(Builder& b, ValueId x, int dim) {
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
-  r.add_op({.name = "slice", .infer = infer_slice, .backward = [](GradContext& c) {
-              const Attrs& a = c.attrs();
-              int dim = int(a.i("dim"));
-              int64_t full = c.b.shape(c.in(0))[dim];
-              return std::vector<ValueId>{
-                  slice_backward(c.b, c.grad_out(0), dim, a.i("start"), full)};
-            }});
-  r.add_op({.name = "slice_backward", .infer = infer_slice_backward});
+  r.add_op({.name = "slice",
+            .infer = infer_slice,
+            .backward =
+                [](GradContext& c) {
+                  const Attrs& a = c.attrs();
+                  int dim = int(a.i("dim"));
+                  int64_t full = c.b.shape(c.in(0))[dim];
+                  return std::vector<ValueId>{
+                      slice_backward(c.b, c.grad_out(0), dim, a.i("start"), full)};
+                },
+            .rearranges = true});
+  r.add_op({.name = "slice_backward", .infer = infer_slice_backward, .pads_slice = true});
   r.add_op({.name = "concat", .infer = infer_concat, .backward = [](GradContext& c) {
               int dim = int(c.attrs().i("dim"));
               std::vector<ValueId> g(c.node.inputs.size(), kNoValue);
@@ -141,7 +145,8 @@ MT_REGISTER_OPS {
              return std::vector<TensorMeta>{{Shape(d), in[0].dtype}};
            },
        .backward =
-           [](GradContext& c) { return std::vector<ValueId>{transpose01(c.b, c.grad_out(0))}; }});
+           [](GradContext& c) { return std::vector<ValueId>{transpose01(c.b, c.grad_out(0))}; },
+       .rearranges = true});
   r.add_op({.name = "sum_dim", .infer = infer_sum_dim, .backward = [](GradContext& c) {
               int dim = int(c.attrs().i("dim"));
               return std::vector<ValueId>{expand(c.b, c.grad_out(0), dim, c.b.shape(c.in(0))[dim])};

@@ -9,88 +9,87 @@
 
 namespace meshtrain {
 
-Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend& backend,
-                     ExecServices* services, const LoadBalanceOptions& lb)
-    : store_(store), backend_(backend) {
-  Builder b(graph_, NodePhase::kOptimizer);
-  lr_slot_ = graph_.add_scalar("lr");
-  step_slot_ = graph_.add_scalar("step");
-  struct Bound {
-    ValueId master, grad, m, v;
+void build_optimizer_graph(OptimizerGraph& og, const std::vector<ParamGroup>& groups,
+                           const ParallelPlan& plan, const ops::AdamWParams& params,
+                           const LoadBalanceOptions& lb) {
+  Graph& graph = og.graph;
+  Builder b(graph, NodePhase::kOptimizer);
+  og.lr_slot = graph.add_scalar("lr");
+  og.step_slot = graph.add_scalar("step");
+  const DType dtype = plan.config().master_dtype;
+  auto tag = [](const ParamGroup& g) {
+    return g.norm_groups.empty() ? std::string("local") : mesh_group_list(g.norm_groups);
   };
-  std::vector<Bound> bound;
-  for (size_t i = 0; i < store.groups().size(); ++i) {
-    const ParamGroup& g = store.groups()[i];
-    TensorMeta meta{g.master.shape(), g.master.dtype()};
-    std::string tag = g.norm_group.empty() ? "local" : g.norm_group;
-    bound.push_back({b.persistent("group." + tag + ".master", meta, ValueRole::kParameter),
-                     b.persistent("group." + tag + ".grad", meta, ValueRole::kGradient),
-                     b.persistent("group." + tag + ".exp_avg", meta, ValueRole::kState),
-                     b.persistent("group." + tag + ".exp_avg_sq", meta, ValueRole::kState)});
+  for (const ParamGroup& g : groups) {
+    // The flat buffers ParamStore allocates: at least one element.
+    TensorMeta meta{Shape{std::max<int64_t>(g.numel, 1)}, dtype};
+    const std::string t = tag(g);
+    og.groups.push_back({b.persistent("group." + t + ".master", meta, ValueRole::kParameter),
+                         b.persistent("group." + t + ".grad", meta, ValueRole::kGradient),
+                         b.persistent("group." + t + ".exp_avg", meta, ValueRole::kState),
+                         b.persistent("group." + t + ".exp_avg_sq", meta, ValueRole::kState)});
   }
   ValueId total = kNoValue;
-  for (size_t i = 0; i < bound.size(); ++i) {
-    const ParamGroup& g = store.groups()[i];
-    auto s = b.scope("grad_norm." + (g.norm_group.empty() ? std::string("local") : g.norm_group));
-    ValueId sq = ops::sum_squares(b, bound[i].grad);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const ParamGroup& g = groups[i];
+    auto s = b.scope("grad_norm." + tag(g));
+    ValueId sq = ops::sum_squares(b, og.groups[i].grad);
     // Shards are disjoint over each listed group: summing over them counts every element once.
-    size_t from = 0;
-    while (from < g.norm_group.size()) {
-      size_t comma = g.norm_group.find(',', from);
-      if (comma == std::string::npos) comma = g.norm_group.size();
-      sq = ops::all_reduce(b, sq, g.norm_group.substr(from, comma - from));
-      from = comma + 1;
-    }
+    for (MeshGroup group : g.norm_groups) sq = ops::all_reduce(b, sq, group);
     total = total == kNoValue ? sq : ops::add(b, total, sq);
   }
   if (total == kNoValue) total = ops::fill(b, Shape{1}, DType::kF64, 0.0);
-  norm_sq_ = total;
-  graph_.mark_output(norm_sq_);
+  og.norm_sq = total;
+  graph.mark_output(og.norm_sq);
   // Load balancing runs where torchtitan's optimizer pre-hook does, before the update (the two
   // are independent). The counts summed over `count_group` make the update the global one.
-  std::vector<std::pair<ValueId, Tensor>> lb_bound;
   for (const LoadBalanceLayer& l : lb.layers) {
     auto s = b.scope(l.layer + ".load_balance");
     auto state = [&](const std::string& name) {
-      Tensor t = store.master(name);
-      ValueId v = b.persistent(name, {t.shape(), t.dtype()}, ValueRole::kState);
-      lb_bound.emplace_back(v, t);
+      const ParamInfo& p = plan.info(name);
+      ValueId v = b.persistent(name, {p.local_shape, p.dtype}, ValueRole::kState);
+      og.state.emplace_back(v, name);
       return v;
     };
     ValueId bias = state(l.expert_bias), counter = state(l.tokens_per_expert),
             load = state(l.last_load);
-    ValueId counts =
-        lb.count_group.empty() ? kNoValue : ops::all_reduce(b, counter, lb.count_group);
+    ValueId counts = lb.count_group ? ops::all_reduce(b, counter, *lb.count_group) : kNoValue;
     ops::expert_bias_update(b, bias, counter, load, l.coeff, counts);
   }
-  for (size_t i = 0; i < bound.size(); ++i) {
+  for (const OptimizerGraph::GroupValues& v : og.groups) {
     auto s = b.scope("adamw");
-    ops::adamw_update(b, bound[i].master, bound[i].grad, bound[i].m, bound[i].v, total, lr_slot_,
-                      step_slot_, params);
+    ops::adamw_update(b, v.master, v.grad, v.exp_avg, v.exp_avg_sq, total, og.lr_slot, og.step_slot,
+                      params);
   }
-  exec_ = std::make_unique<Executor>(graph_, plan_memory(graph_, backend.device().type), backend,
-                                     services);
-  for (size_t i = 0; i < bound.size(); ++i) {
+}
+
+Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend& backend,
+                     ExecServices* services, const LoadBalanceOptions& lb)
+    : store_(store), backend_(backend) {
+  build_optimizer_graph(og_, store.groups(), store.plan(), params, lb);
+  exec_ = std::make_unique<Executor>(og_.graph, plan_memory(og_.graph, backend.device().type),
+                                     backend, services);
+  for (size_t i = 0; i < og_.groups.size(); ++i) {
     const ParamGroup& g = store.groups()[i];
-    exec_->bind(bound[i].master, g.master);
-    exec_->bind(bound[i].grad, g.grad);
-    exec_->bind(bound[i].m, g.exp_avg);
-    exec_->bind(bound[i].v, g.exp_avg_sq);
+    exec_->bind(og_.groups[i].master, g.master);
+    exec_->bind(og_.groups[i].grad, g.grad);
+    exec_->bind(og_.groups[i].exp_avg, g.exp_avg);
+    exec_->bind(og_.groups[i].exp_avg_sq, g.exp_avg_sq);
   }
-  for (auto& [v, t] : lb_bound) exec_->bind(v, t);
+  for (const auto& [v, name] : og_.state) exec_->bind(v, store.master(name));
   exec_->prepare();
   host_norm_ = Tensor::empty(Shape{1}, DType::kF64, backend.host_staging_allocator());
 }
 
 void Optimizer::step(int64_t step, double lr) {
-  exec_->set_scalar(lr_slot_, lr);
-  exec_->set_scalar(step_slot_, double(step));
+  exec_->set_scalar(og_.lr_slot, lr);
+  exec_->set_scalar(og_.step_slot, double(step));
   exec_->run();
 }
 
 double Optimizer::last_grad_norm() {
   Stream& s = backend_.stream(0);
-  backend_.copy(host_norm_.raw(), exec_->tensor(norm_sq_).raw(), 8, CopyKind::kDeviceToHost, s);
+  backend_.copy(host_norm_.raw(), exec_->tensor(og_.norm_sq).raw(), 8, CopyKind::kDeviceToHost, s);
   // Host sync: the norm is read for the log line and metrics, only on logging steps.
   s.synchronize();
   return std::sqrt(host_norm_.data<double>()[0]);

@@ -5,6 +5,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "meshtrain/graph/executor.h"
 #include "meshtrain/ops/optimizer_ops.h"
@@ -15,9 +19,26 @@ namespace meshtrain {
 struct LoadBalanceOptions {
   std::vector<LoadBalanceLayer> layers;  // from ParallelPlan::load_balance_layers()
   // Mesh group whose ranks routed different tokens: their counts are summed before the update
-  // so every rank moves its bias identically ("" = one rank's counts are the global counts).
-  std::string count_group;
+  // so every rank moves its bias identically (unset: one rank's counts are the global counts).
+  std::optional<MeshGroup> count_group;
 };
+
+// The optimizer graph and the persistent values its owner binds; built without memory, so
+// `meshtrain plan --dump-graph` shows the same graph the trainer runs.
+struct OptimizerGraph {
+  struct GroupValues {
+    ValueId master = kNoValue, grad = kNoValue, exp_avg = kNoValue, exp_avg_sq = kNoValue;
+  };
+  Graph graph;
+  std::vector<GroupValues> groups;                     // per ParamGroup
+  std::vector<std::pair<ValueId, std::string>> state;  // load-balancing buffers, by param name
+  int lr_slot = -1, step_slot = -1;
+  ValueId norm_sq = kNoValue;  // Σg² over every group (a graph output)
+};
+// `groups` as layout_param_groups(plan) gives them.
+void build_optimizer_graph(OptimizerGraph& out, const std::vector<ParamGroup>& groups,
+                           const ParallelPlan& plan, const ops::AdamWParams& params,
+                           const LoadBalanceOptions& load_balance);
 
 class Optimizer {
  public:
@@ -28,16 +49,14 @@ class Optimizer {
   void step(int64_t step, double lr);
   // Global gradient norm (before clipping) of the last step; reads it back (a host sync).
   double last_grad_norm();
-  const Graph& graph() const { return graph_; }
+  const Graph& graph() const { return og_.graph; }
   const MemoryPlan& plan() const { return exec_->plan(); }
 
  private:
   ParamStore& store_;
   Backend& backend_;
-  Graph graph_;
+  OptimizerGraph og_;
   std::unique_ptr<Executor> exec_;
-  int lr_slot_ = -1, step_slot_ = -1;
-  ValueId norm_sq_ = kNoValue;
   Tensor host_norm_;
 };
 

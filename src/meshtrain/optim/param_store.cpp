@@ -7,31 +7,41 @@
 
 namespace meshtrain {
 
+std::vector<ParamGroup> layout_param_groups(const ParallelPlan& plan) {
+  const auto& ps = plan.params();
+  const DType dt = plan.config().master_dtype;
+  // Each parameter starts 256-byte aligned inside its flat buffer (vector loads, cuBLAS).
+  const int64_t align = std::max<int64_t>(1, 256 / int64_t(dtype_size(dt)));
+  std::vector<ParamGroup> groups;
+  std::map<std::vector<MeshGroup>, size_t> by_groups;  // groups keep first-seen order
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!ps[i].trainable) continue;
+    auto it = by_groups.find(ps[i].shard_groups);
+    if (it == by_groups.end()) {
+      it = by_groups.emplace(ps[i].shard_groups, groups.size()).first;
+      groups.push_back(ParamGroup{.norm_groups = ps[i].shard_groups});
+    }
+    ParamGroup& g = groups[it->second];
+    g.numel = (g.numel + align - 1) / align * align;
+    g.params.push_back(i);
+    g.offsets.push_back(g.numel);
+    g.numel += ps[i].local_shape.numel();
+  }
+  return groups;
+}
+
 ParamStore::ParamStore(const ParallelPlan& plan, Backend& backend)
-    : plan_(plan), backend_(backend) {
+    : plan_(plan), backend_(backend), groups_(layout_param_groups(plan)) {
   const auto& ps = plan.params();
   group_of_.assign(ps.size(), -1);
   offset_of_.assign(ps.size(), 0);
   state_.resize(ps.size());
   const DType dt = plan.config().master_dtype;
-  // Each parameter starts 256-byte aligned inside its flat buffer (vector loads, cuBLAS).
-  const int64_t align = std::max<int64_t>(1, 256 / int64_t(dtype_size(dt)));
-  std::map<std::string, int> by_name;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    if (!ps[i].trainable) continue;
-    auto it = by_name.find(ps[i].shard_group);
-    if (it == by_name.end()) {
-      it = by_name.emplace(ps[i].shard_group, int(groups_.size())).first;
-      groups_.push_back(ParamGroup{.norm_group = ps[i].shard_group});
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (size_t k = 0; k < groups_[gi].params.size(); ++k) {
+      group_of_[groups_[gi].params[k]] = int(gi);
+      offset_of_[groups_[gi].params[k]] = groups_[gi].offsets[k];
     }
-    ParamGroup& g = groups_[size_t(it->second)];
-    g.numel = (g.numel + align - 1) / align * align;
-    group_of_[i] = it->second;
-    offset_of_[i] = g.numel;
-    g.params.push_back(i);
-    g.offsets.push_back(g.numel);
-    g.numel += ps[i].local_shape.numel();
-  }
   Allocator& alloc = backend.allocator();
   for (ParamGroup& g : groups_) {
     Shape s{std::max<int64_t>(g.numel, 1)};

@@ -1,5 +1,5 @@
 // ParamStore: owns the persistent training state of this rank in flat device buffers, one set
-// per norm group (parameters whose shards combine over the same mesh group): master weights,
+// per norm group (parameters whose shards combine over the same mesh groups): master weights,
 // gradient accumulators and the two AdamW moments, laid out identically so the optimizer runs one
 // fused pass per group. Non-trainable state (expert_bias, ...) has its own buffers.
 #pragma once
@@ -14,12 +14,17 @@
 namespace meshtrain {
 
 struct ParamGroup {
-  std::string norm_group;  // groups whose ranks hold disjoint shards, comma-separated ("" = local)
+  // Groups whose ranks hold disjoint shards, in reduction order (empty: every shard is local).
+  std::vector<MeshGroup> norm_groups;
   std::vector<size_t> params;    // indices into plan.params()
   std::vector<int64_t> offsets;  // element offset of each param in the flat buffers
   int64_t numel = 0;
   Tensor master, grad, exp_avg, exp_avg_sq;
 };
+
+// The norm groups of a plan's trainable parameters (first-seen order) and each parameter's offset
+// in its group's flat buffers, without allocating them (tensors left undefined).
+std::vector<ParamGroup> layout_param_groups(const ParallelPlan& plan);
 
 class ParamStore {
  public:
@@ -30,6 +35,7 @@ class ParamStore {
   // Binds masters, gradients and state buffers into an executor of the step graph.
   void bind(Executor& ex) const;
 
+  const ParallelPlan& plan() const { return plan_; }
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   // Device views of one parameter's master and gradient (or a state buffer's tensor).

@@ -11,41 +11,37 @@ namespace meshtrain {
 namespace {
 
 struct GroupSpec {
-  const char* name;
+  MeshGroup group;
   bool expert;               // coordinates (dp_replicate, efsdp, ep, etp) instead of dense
   std::array<bool, 4> dims;  // which of the four coordinates vary inside the group
 };
 
-// Creation order; also the order describe() prints.
-constexpr GroupSpec kGroups[] = {
-    {"world", false, {true, true, true, true}},
-    {"dp_replicate", false, {true, false, false, false}},
-    {"dp_shard", false, {false, true, false, false}},
-    {"cp", false, {false, false, true, false}},
-    {"tp", false, {false, false, false, true}},
-    {"fsdp", false, {false, true, true, false}},
-    {"dp", false, {true, true, false, false}},
-    {"loss", false, {true, true, true, false}},
-    {"ep", true, {false, false, true, false}},
-    {"efsdp", true, {false, true, false, false}},
-    {"etp", true, {false, false, false, true}},
-    {"edp", true, {true, true, false, false}},
+// Indexed by MeshGroup (creation order; also the order describe() prints).
+constexpr GroupSpec kGroups[kNumMeshGroups] = {
+    {MeshGroup::kWorld, false, {true, true, true, true}},
+    {MeshGroup::kDpReplicate, false, {true, false, false, false}},
+    {MeshGroup::kDpShard, false, {false, true, false, false}},
+    {MeshGroup::kCp, false, {false, false, true, false}},
+    {MeshGroup::kTp, false, {false, false, false, true}},
+    {MeshGroup::kFsdp, false, {false, true, true, false}},
+    {MeshGroup::kDp, false, {true, true, false, false}},
+    {MeshGroup::kLoss, false, {true, true, true, false}},
+    {MeshGroup::kEp, true, {false, false, true, false}},
+    {MeshGroup::kEfsdp, true, {false, true, false, false}},
+    {MeshGroup::kEtp, true, {false, false, false, true}},
+    {MeshGroup::kEdp, true, {true, true, false, false}},
 };
 constexpr const char* kDenseDims[] = {"dp_replicate", "dp_shard", "cp", "tp"};
 constexpr const char* kExpertDims[] = {"dp_replicate", "efsdp", "ep", "etp"};
 
-const GroupSpec* find_group(const std::string& name) {
-  for (const auto& g : kGroups)
-    if (name == g.name) return &g;
-  return nullptr;
+constexpr bool specs_in_enum_order() {
+  for (int i = 0; i < kNumMeshGroups; ++i)
+    if (int(kGroups[i].group) != i) return false;
+  return true;
 }
+static_assert(specs_in_enum_order(), "kGroups must list the groups in MeshGroup order");
 
-const GroupSpec& group_or_throw(const std::string& name) {
-  const GroupSpec* g = find_group(name);
-  MT_CHECK_T(ValueError, g != nullptr, "unknown mesh group '{}' (known: {})", name,
-             fmt::join(MeshLayout::group_names(), ", "));
-  return *g;
-}
+const GroupSpec& spec(MeshGroup g) { return kGroups[int(mesh_group_from_int(int(g), "mesh"))]; }
 
 std::array<int, 4> system_sizes(const ParallelDims& d, bool expert) {
   if (expert) return {d.dp_replicate, d.efsdp(), d.ep, d.etp};
@@ -98,27 +94,16 @@ int MeshLayout::expert_rank(int r, int f, int e, int u) const {
   return ((r * d.efsdp() + f) * d.ep + e) * d.etp + u;
 }
 
-const std::vector<std::string>& MeshLayout::group_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const auto& g : kGroups) v.emplace_back(g.name);
-    return v;
-  }();
-  return names;
-}
-
-bool MeshLayout::is_group(const std::string& name) { return find_group(name) != nullptr; }
-
-std::string MeshLayout::group_dims(const std::string& name) {
-  const GroupSpec& g = group_or_throw(name);
+std::string MeshLayout::group_dims(MeshGroup group) {
+  const GroupSpec& g = spec(group);
   std::vector<std::string> parts;
   for (int i = 0; i < 4; ++i)
     if (g.dims[size_t(i)]) parts.emplace_back(g.expert ? kExpertDims[i] : kDenseDims[i]);
   return fmt::format("{}", fmt::join(parts, "×"));
 }
 
-int MeshLayout::group_size(const std::string& name) const {
-  const GroupSpec& g = group_or_throw(name);
+int MeshLayout::group_size(MeshGroup group) const {
+  const GroupSpec& g = spec(group);
   auto size = system_sizes(dims_, g.expert);
   int n = 1;
   for (int i = 0; i < 4; ++i)
@@ -126,21 +111,21 @@ int MeshLayout::group_size(const std::string& name) const {
   return n;
 }
 
-int MeshLayout::group_index(const std::string& name, int rank) const {
-  const GroupSpec& g = group_or_throw(name);
+int MeshLayout::group_index(MeshGroup group, int rank) const {
+  const GroupSpec& g = spec(group);
   return radix(system_coords(coords(rank), g.expert), system_sizes(dims_, g.expert), g.dims, true);
 }
 
-int MeshLayout::group_color(const std::string& name, int rank) const {
-  const GroupSpec& g = group_or_throw(name);
+int MeshLayout::group_color(MeshGroup group, int rank) const {
+  const GroupSpec& g = spec(group);
   return radix(system_coords(coords(rank), g.expert), system_sizes(dims_, g.expert), g.dims, false);
 }
 
-std::vector<int> MeshLayout::group_ranks(const std::string& name, int rank) const {
-  int color = group_color(name, rank);
-  std::vector<int> ranks(size_t(group_size(name)), -1);
+std::vector<int> MeshLayout::group_ranks(MeshGroup group, int rank) const {
+  int color = group_color(group, rank);
+  std::vector<int> ranks(size_t(group_size(group)), -1);
   for (int q = 0; q < dims_.world; ++q)
-    if (group_color(name, q) == color) ranks[size_t(group_index(name, q))] = q;
+    if (group_color(group, q) == color) ranks[size_t(group_index(group, q))] = q;
   return ranks;
 }
 
@@ -154,37 +139,35 @@ DeviceMesh::DeviceMesh(Communicator& world, ParallelDims dims)
         return MeshLayout(dims);
       }()),
       rank_(world.rank()) {
-  for (const auto& name : MeshLayout::group_names()) {
-    int index = layout_.group_index(name, rank_);
-    auto comm = world.split(layout_.group_color(name, rank_), index, name);
-    MT_CHECK(comm && comm->size() == layout_.group_size(name) && comm->rank() == index,
+  for (MeshGroup g : all_mesh_groups()) {
+    const char* name = mesh_group_name(g);
+    int index = layout_.group_index(g, rank_);
+    auto comm = world.split(layout_.group_color(g, rank_), index, name);
+    MT_CHECK(comm && comm->size() == layout_.group_size(g) && comm->rank() == index,
              "mesh group '{}': split gave rank {} of {}, layout expects {} of {}", name,
-             comm ? comm->rank() : -1, comm ? comm->size() : 0, index, layout_.group_size(name));
-    comms_.emplace(name, std::move(comm));
+             comm ? comm->rank() : -1, comm ? comm->size() : 0, index, layout_.group_size(g));
+    comms_[size_t(g)] = std::move(comm);
   }
 }
 
-void DeviceMesh::check_name(const std::string& name) const { group_or_throw(name); }
-
-Communicator& DeviceMesh::comm(const std::string& name) const {
-  check_name(name);
-  return *comms_.at(name);
+Communicator& DeviceMesh::comm(MeshGroup group) const {
+  return *comms_.at(size_t(spec(group).group));
 }
 
-int DeviceMesh::coord(const std::string& dim) const { return layout_.group_index(dim, rank_); }
+int DeviceMesh::coord(MeshGroup group) const { return layout_.group_index(group, rank_); }
 
-int DeviceMesh::size(const std::string& dim) const { return layout_.group_size(dim); }
+int DeviceMesh::size(MeshGroup group) const { return layout_.group_size(group); }
 
 std::string DeviceMesh::describe() const {
   const ParallelDims& d = dims();
   std::string out =
       fmt::format("device mesh: {} ranks, {}; rank {}\n", d.world, d.mode_name(), rank_);
   out += fmt::format("  {:<14}{:>6}{:>7}  {}\n", "group", "size", "coord", "dims");
-  for (const auto& g : kGroups) {
-    if (std::string(g.name) == "ep")
+  for (const GroupSpec& g : kGroups) {
+    if (g.group == MeshGroup::kEp)
       out += fmt::format("  expert mesh (ep={} etp={} efsdp={}):\n", d.ep, d.etp, d.efsdp());
-    out += fmt::format("  {:<14}{:>6}{:>7}  {}\n", g.name, size(g.name), coord(g.name),
-                       MeshLayout::group_dims(g.name));
+    out += fmt::format("  {:<14}{:>6}{:>7}  {}\n", mesh_group_name(g.group), size(g.group),
+                       coord(g.group), MeshLayout::group_dims(g.group));
   }
   out.pop_back();
   return out;

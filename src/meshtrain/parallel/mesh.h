@@ -1,4 +1,4 @@
-// Device mesh: the rank layout of a run and one communicator per named mesh group, split once
+// Device mesh: the rank layout of a run and one communicator per mesh group, split once
 // at start-up from any world Communicator (MPI now, NCCL later). Layout arithmetic lives in
 // MeshLayout (pure, no communicator) so tests and other backends reuse it unchanged.
 //
@@ -24,12 +24,13 @@
 // Every group exists even when its degree is 1 (a communicator of size 1).
 #pragma once
 
-#include <map>
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/core/mesh_group.h"
 #include "meshtrain/parallel/parallel_dims.h"
 
 namespace meshtrain {
@@ -50,18 +51,15 @@ class MeshLayout {
   int dense_rank(int dp_replicate, int dp_shard, int cp, int tp) const;
   int expert_rank(int dp_replicate, int efsdp, int ep, int etp) const;
 
-  // Every group name, in creation order: world, dense dims, dense views, expert dims, edp.
-  static const std::vector<std::string>& group_names();
-  static bool is_group(const std::string& name);
   // "dp_shard×cp" for views, the dim's own name for a single dim.
-  static std::string group_dims(const std::string& name);
-  int group_size(const std::string& name) const;
-  // Position of `rank` inside its group of this name (row-major over the group's dims).
-  int group_index(const std::string& name, int rank) const;
+  static std::string group_dims(MeshGroup group);
+  int group_size(MeshGroup group) const;
+  // Position of `rank` inside its group (row-major over the group's dims).
+  int group_index(MeshGroup group, int rank) const;
   // Same value for exactly the ranks that share this group with `rank`.
-  int group_color(const std::string& name, int rank) const;
+  int group_color(MeshGroup group, int rank) const;
   // World ranks of the group containing `rank`, in group order.
-  std::vector<int> group_ranks(const std::string& name, int rank) const;
+  std::vector<int> group_ranks(MeshGroup group, int rank) const;
 
  private:
   ParallelDims dims_;
@@ -80,20 +78,17 @@ class DeviceMesh {
   int rank() const { return rank_; }
   int world_size() const { return layout_.world(); }
 
-  // The communicator of a named group (see the header comment); ValueError listing the known
-  // names for anything else.
-  Communicator& comm(const std::string& name) const;
-  int coord(const std::string& dim) const;
-  int size(const std::string& dim) const;
-  bool has(const std::string& name) const { return MeshLayout::is_group(name); }
+  // The communicator of a group (see the header comment); each group's is named as the group.
+  Communicator& comm(MeshGroup group) const;
+  int coord(MeshGroup group) const;
+  int size(MeshGroup group) const;
   // Multi-line table: every group's dims, size and this rank's coordinate.
   std::string describe() const;
 
  private:
-  void check_name(const std::string& name) const;
   MeshLayout layout_;
   int rank_ = 0;
-  std::map<std::string, std::unique_ptr<Communicator>> comms_;
+  std::array<std::unique_ptr<Communicator>, kNumMeshGroups> comms_;
 };
 
 }  // namespace meshtrain

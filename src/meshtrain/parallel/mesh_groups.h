@@ -10,10 +10,8 @@ namespace meshtrain {
 class MeshGroups final : public GroupLayout {
  public:
   MeshGroups(const MeshLayout& layout, int rank) : layout_(layout), rank_(rank) {}
-  int group_size(const std::string& group) const override { return layout_.group_size(group); }
-  int group_rank(const std::string& group) const override {
-    return layout_.group_index(group, rank_);
-  }
+  int group_size(MeshGroup group) const override { return layout_.group_size(group); }
+  int group_rank(MeshGroup group) const override { return layout_.group_index(group, rank_); }
 
  private:
   MeshLayout layout_;

@@ -14,7 +14,7 @@ std::string Placement::to_string() const {
   return "?";
 }
 
-ValueId redistribute(Builder& b, ValueId x, Placement from, Placement to, const std::string& group,
+ValueId redistribute(Builder& b, ValueId x, Placement from, Placement to, MeshGroup group,
                      int group_size) {
   if (from == to || group_size == 1) return x;
   using K = Placement::Kind;

@@ -27,7 +27,7 @@ struct Placement {
 // x (local value, placement `from` over `group`) -> the same global value with placement `to`.
 // Supported moves: Shard(0) -> Replicate (all_gather), Partial -> Replicate (all_reduce),
 // Partial -> Shard(0) (reduce_scatter); equal placements return x. Others throw.
-ValueId redistribute(Builder& b, ValueId x, Placement from, Placement to, const std::string& group,
+ValueId redistribute(Builder& b, ValueId x, Placement from, Placement to, MeshGroup group,
                      int group_size);
 
 }  // namespace meshtrain

@@ -17,13 +17,13 @@ namespace meshtrain {
 ParallelPlan::ParallelPlan(PlanConfig config, const GroupLayout* layout)
     : config_(config), layout_(layout) {}
 
-int ParallelPlan::group_size(const std::string& group) const {
+int ParallelPlan::group_size(MeshGroup group) const {
   return layout_ ? layout_->group_size(group) : 1;
 }
-int ParallelPlan::group_rank(const std::string& group) const {
+int ParallelPlan::group_rank(MeshGroup group) const {
   return layout_ ? layout_->group_rank(group) : 0;
 }
-int ParallelPlan::tp_degree() const { return group_size("tp"); }
+int ParallelPlan::tp_degree() const { return group_size(MeshGroup::kTp); }
 
 ParamInfo& ParallelPlan::declare(const std::string& name, const Shape& global_shape,
                                  const InitSpec& init, ParamOptions options) {
@@ -47,13 +47,13 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
   const bool expert = options.kind == ParamKind::kExpert;
   const int rank = global_shape.rank();
   std::vector<int64_t> begin(size_t(rank), 0);
-  std::vector<std::string> shard_groups;
+  std::vector<MeshGroup> shard_groups;
 
   // 1. Model-parallel slices (even splits, checked): what the model computes with.
   //    Dense [out, in]: tp column (dim 0) or row (dim 1). Experts [E, a, b]: Shard(0) on ep, and
   //    on etp column (dim 1 of w1/w3 [E, hidden, dim]) or row (dim 2 of w2 [E, dim, hidden]).
   Shape mp_local = global_shape;
-  auto split = [&](const std::string& group, int d, const char* what) {
+  auto split = [&](MeshGroup group, int d, const char* what) {
     const int k = group_size(group);
     if (k == 1) return;
     MT_CHECK_T(ConfigError, d < rank && global_shape[d] % k == 0,
@@ -64,15 +64,15 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
     p.placements.emplace_back(group, Placement::shard(d));
     shard_groups.push_back(group);
   };
-  const std::string tp_group = expert ? "etp" : "tp";
+  const MeshGroup tp_group = expert ? MeshGroup::kEtp : MeshGroup::kTp;
   const int tp_dim_col = expert ? 1 : 0, tp_dim_row = expert ? 2 : 1;
   if (expert) {
     MT_CHECK_T(ConfigError, rank == 3, "expert weight {} must be [experts, a, b], found {}", name,
                global_shape);
-    MT_CHECK_T(ConfigError, global_shape[0] % group_size("ep") == 0,
+    MT_CHECK_T(ConfigError, global_shape[0] % group_size(MeshGroup::kEp) == 0,
                "{}: num_experts {} must divide by expert_parallel_degree {}", name, global_shape[0],
-               group_size("ep"));
-    split("ep", 0, "experts");
+               group_size(MeshGroup::kEp));
+    split(MeshGroup::kEp, 0, "experts");
   } else {
     MT_CHECK_T(ConfigError, options.tp == TpStyle::kReplicate || rank == 2,
                "{} {}: only matrices can be tensor-parallel", name, global_shape);
@@ -82,7 +82,7 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
 
   // 2. The data-parallel shard of that slice, padded to equal pieces: dense on fsdp along dim 0;
   //    experts on efsdp along dim 0 when the local experts divide, otherwise along dim 1.
-  const std::string dp_group = expert ? "efsdp" : "fsdp";
+  const MeshGroup dp_group = expert ? MeshGroup::kEfsdp : MeshGroup::kFsdp;
   const int n = group_size(dp_group);
   const int fd = (expert && mp_local[0] % n != 0) ? 1 : 0;
   const int64_t extent = mp_local[fd];
@@ -97,13 +97,14 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
     shard_groups.insert(shard_groups.begin(), dp_group);
   }
   p.shard_degree = 1;
-  for (const auto& g : shard_groups) p.shard_degree *= group_size(g);
-  p.shard_group = fmt::format("{}", fmt::join(shard_groups, ","));
+  for (MeshGroup g : shard_groups) p.shard_degree *= group_size(g);
+  p.shard_groups = std::move(shard_groups);
   p.piece = LocalPiece{begin, limit};  // past the model-parallel slice: padding
-  const int replicas = group_size("dp_replicate");
-  if (replicas > 1) p.placements.emplace_back("dp_replicate", Placement::replicate());
-  const bool tp_replicated = !expert && group_size("tp") > 1 && options.tp == TpStyle::kReplicate;
-  if (tp_replicated) p.placements.emplace_back("tp", Placement::replicate());
+  const int replicas = group_size(MeshGroup::kDpReplicate);
+  if (replicas > 1) p.placements.emplace_back(MeshGroup::kDpReplicate, Placement::replicate());
+  const bool tp_replicated =
+      !expert && group_size(MeshGroup::kTp) > 1 && options.tp == TpStyle::kReplicate;
+  if (tp_replicated) p.placements.emplace_back(MeshGroup::kTp, Placement::replicate());
 
   p.master = b.persistent(name, {p.local_shape, p.dtype},
                           p.trainable ? ValueRole::kParameter : ValueRole::kState);
@@ -111,8 +112,8 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
   // Replicated across dp_replicate (and across tp for tp-replicated dense weights, whose per-rank
   // gradients are partial: token shards, or partial sums from column-parallel consumers): the
   // per-rank gradients are summed in backward.
-  if (replicas > 1) x = ops::replicate_grad(b, x, "dp_replicate");
-  if (tp_replicated) x = ops::replicate_grad(b, x, "tp");
+  if (replicas > 1) x = ops::replicate_grad(b, x, MeshGroup::kDpReplicate);
+  if (tp_replicated) x = ops::replicate_grad(b, x, MeshGroup::kTp);
   x = ops::cast(b, x, options.compute_dtype.value_or(config_.compute_dtype));
   x = redistribute(b, x, n > 1 ? Placement::shard(0) : Placement::replicate(),
                    Placement::replicate(), dp_group, n);
@@ -129,34 +130,38 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
 }
 
 ValueId ParallelPlan::shard_tokens(Builder& b, ValueId x) const {
-  const int tp = group_size("tp");
+  const int tp = group_size(MeshGroup::kTp);
   if (tp == 1) return x;
   const int64_t t = b.shape(x)[0];
   MT_CHECK_T(ConfigError, t % tp == 0,
              "sequence parallel splits the {} tokens of a micro-batch (local_batch_size × seq_len) "
              "over tensor_parallel_degree {}: they must divide",
              t, tp);
-  return ops::slice(b, x, 0, (t / tp) * group_rank("tp"), t / tp);
+  return ops::slice(b, x, 0, (t / tp) * group_rank(MeshGroup::kTp), t / tp);
 }
 
 ValueId ParallelPlan::tp_enter(Builder& b, ValueId x) const {
-  return redistribute(b, x, Placement::shard(0), Placement::replicate(), "tp", group_size("tp"));
+  return redistribute(b, x, Placement::shard(0), Placement::replicate(), MeshGroup::kTp,
+                      group_size(MeshGroup::kTp));
 }
 
 ExpertRows ParallelPlan::to_local_experts(Builder& b, ValueId x_perm, ValueId groups,
                                           int64_t capacity, int64_t alignment) const {
-  ops::EpLayout l = ops::ep_counts(b, groups, "ep", group_size("ep"), alignment, capacity);
-  return ExpertRows{ops::ep_to_experts(b, x_perm, groups, l, "ep"), l.local_groups, l.recv_counts};
+  ops::EpLayout l =
+      ops::ep_counts(b, groups, MeshGroup::kEp, group_size(MeshGroup::kEp), alignment, capacity);
+  return ExpertRows{ops::ep_to_experts(b, x_perm, groups, l, MeshGroup::kEp), l.local_groups,
+                    l.recv_counts};
 }
 
 ValueId ParallelPlan::from_local_experts(Builder& b, ValueId y_local, const ExpertRows& local,
                                          ValueId groups, int64_t capacity) const {
   ops::EpLayout l{local.recv_counts, local.groups, b.shape(y_local)[0]};
-  return ops::ep_from_experts(b, y_local, groups, l, capacity, "ep");
+  return ops::ep_from_experts(b, y_local, groups, l, capacity, MeshGroup::kEp);
 }
 
 ValueId ParallelPlan::tp_exit(Builder& b, ValueId y) const {
-  return redistribute(b, y, Placement::partial(), Placement::shard(0), "tp", group_size("tp"));
+  return redistribute(b, y, Placement::partial(), Placement::shard(0), MeshGroup::kTp,
+                      group_size(MeshGroup::kTp));
 }
 
 ValueId ParallelPlan::buffer(Builder& b, const std::string& name, const Shape& shape, DType dtype,
@@ -202,7 +207,7 @@ void ParallelPlan::attach_gradients(Builder& b, const GradientMap& grads, bool o
     // with the dead nodes.
     const Graph& graph = b.graph();
     const NodeId from = graph.value(g).producer;
-    if (from != kNoNode && graph.node(from).op == "cast" &&
+    if (from != kNoNode && OpRegistry::instance().op(graph.node(from).op).cast &&
         b.dtype(graph.node(from).inputs.at(0)) == DType::kBF16 &&
         (p.dtype == DType::kF32 || p.dtype == DType::kF64))
       g = graph.node(from).inputs.at(0);
@@ -214,7 +219,7 @@ std::string ParamInfo::placement_string() const {
   if (placements.empty()) return "whole";
   std::string s;
   for (const auto& [group, pl] : placements)
-    s += (s.empty() ? "" : ", ") + group + ": " + pl.to_string();
+    s += (s.empty() ? "" : ", ") + std::string(mesh_group_name(group)) + ": " + pl.to_string();
   return s;
 }
 

@@ -58,12 +58,12 @@ struct ParamInfo {
   ValueId master = kNoValue;  // persistent value (role kParameter, or kState if not trainable)
   ValueId grad = kNoValue;    // persistent accumulator (role kGradient)
   int shard_degree = 1;       // ranks the master is split over (1 = replicated/whole)
-  // Mesh groups over which the master's shards are disjoint, comma-separated in reduction order
-  // ("fsdp", "fsdp,tp"; "" when whole): the gradient-norm all-reduces run over these.
-  std::string shard_group;
+  // Mesh groups over which the master's shards are disjoint, in reduction order ({fsdp},
+  // {fsdp, tp}; empty when whole): the gradient-norm all-reduces run over these.
+  std::vector<MeshGroup> shard_groups;
   // The master's placement on each mesh group it spans, e.g. {fsdp: Shard(0), dp_replicate:
   // Replicate()}; groups of size 1 are left out.
-  std::vector<std::pair<std::string, Placement>> placements;
+  std::vector<std::pair<MeshGroup, Placement>> placements;
   std::string placement_string() const;
 };
 
@@ -107,8 +107,8 @@ class ParallelPlan {
   const ParamInfo& info(const std::string& name) const;
   const PlanConfig& config() const { return config_; }
   // Size of / this rank's index in a mesh group (1 / 0 without a mesh).
-  int group_size(const std::string& group) const;
-  int group_rank(const std::string& group) const;
+  int group_size(MeshGroup group) const;
+  int group_rank(MeshGroup group) const;
 
   // Degrees the model needs to size its local shapes (1 when the dim is absent).
   int tp_degree() const;

@@ -79,6 +79,9 @@ std::vector<Binding> make_bindings() {
       field("job", "device", &J::job, &JobSection::device,
             "Device to train on; auto = cuda when built with CUDA and a GPU is visible, else cpu",
             {"auto", "cpu", "cuda"}));
+  t.push_back(field("job", "dump_graph", &J::job, &JobSection::dump_graph,
+                    "Write rank 0's scheduled step and optimizer graphs (ops, shapes, streams, "
+                    "collectives, memory offsets) to <dump_folder>/step_graph.txt at start-up"));
   // [model]
   t.push_back(field("model", "name", &J::model, &ModelSection::name, "Which model to train",
                     {"llama3", "deepseek_v3"}));

@@ -25,6 +25,9 @@ struct JobSection {
   bool print_config = false;     // rank 0 logs the effective config (TOML) at start-up
   std::string save_config_file;  // "" = none; else JSON of the config, inside dump_folder
   std::string device = "auto";   // "auto" | "cpu" | "cuda"; the trainer resolves "auto"
+  // Write rank 0's scheduled step and optimizer graphs to <dump_folder>/step_graph.txt at
+  // start-up (what `meshtrain plan --dump-graph` prints).
+  bool dump_graph = false;
 };
 
 struct ModelSection {

@@ -2,9 +2,11 @@
 #include "meshtrain/train/plan_report.h"
 
 #include <algorithm>
+#include <set>
 
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/graph/memory_plan.h"
+#include "meshtrain/ir/op_registry.h"
 #include "meshtrain/model/counting.h"
 #include "meshtrain/parallel/mesh_groups.h"
 #include "meshtrain/train/step_graph.h"
@@ -33,7 +35,7 @@ int smallest_world(const JobConfig& cfg) {
   return fixed;
 }
 
-std::string plan_report(const JobConfig& cfg, int world, int rank) {
+std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_graph) {
   const bool chosen = world == 0;
   if (chosen) world = smallest_world(cfg);
   MT_CHECK_T(ConfigError, world >= 1 && rank >= 0 && rank < world,
@@ -42,6 +44,7 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
   MeshLayout layout(dims);
   MeshGroups groups(layout, rank);
   const std::string device = resolve_device(cfg.job.device);
+  const DeviceType device_type = device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;
   StepGraphOptions so;
   const TokenizerChoice tok_choice = choose_tokenizer(cfg.model.hf_assets_path, true);
   std::unique_ptr<Tokenizer> tok = open_tokenizer(tok_choice);
@@ -50,9 +53,23 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
   so.compute_dtype = resolve_compute_dtype(cfg.training.mixed_precision_param, device);
   so.master_dtype = parse_dtype(cfg.training.master_dtype);
   so.reduce_dtype = parse_dtype(cfg.training.mixed_precision_reduce);
+  const int64_t accum =
+      gradient_accumulation_steps(cfg.training, groups.group_size(MeshGroup::kDp));
+  so.overwrite_grads = accum == 1;  // as the trainer builds it
   std::unique_ptr<StepGraph> sg = build_step_graph(cfg, &groups, so);
   ModelCounts c = count_model(*sg->model, *sg->plan, cfg.training.seq_len);
-  MemoryPlan mp = plan_memory(sg->graph, device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU);
+  // Node workspaces are sized by the kernels this build registers for the device (a GPU need not
+  // be visible: planning reads sizes only).
+  std::set<std::string> missing;
+  for (NodeId id : sg->graph.schedule())
+    if (!OpRegistry::instance().has_kernel(sg->graph.node(id).op, device_type))
+      missing.insert(sg->graph.node(id).op);
+  MT_CHECK_T(ConfigError, missing.empty(),
+             "plan: [job] device = \"{}\": this build has no {} kernel for {} op(s) of the step "
+             "graph ({}); the memory plan sizes each node's scratch from its kernel, so plan with "
+             "a build that has the {} backend",
+             device, device, missing.size(), fmt::join(missing, ", "), device);
+  MemoryPlan mp = plan_memory(sg->graph, device_type);
   const int64_t moments = 2 * mp.parameter_bytes;  // AdamW exp_avg and exp_avg_sq, like masters
 
   std::string r;
@@ -87,6 +104,13 @@ std::string plan_report(const JobConfig& cfg, int world, int rank) {
                      cfg.activation_checkpoint.mode, sg->checkpoint.nodes_recomputed,
                      sg->checkpoint.regions);
   r += "\n";
+  if (dump_graph || cfg.job.dump_graph) {
+    OptimizerGraph og;
+    build_optimizer_graph(og, layout_param_groups(*sg->plan), *sg->plan, adamw_params(cfg, accum),
+                          load_balance_options(*sg->plan, groups));
+    const MemoryPlan omp = plan_memory(og.graph, device_type);
+    r += "\n" + dump_step_graphs(sg->graph, mp, accum, og.graph, omp);
+  }
   return r;
 }
 

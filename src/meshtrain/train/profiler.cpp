@@ -42,8 +42,7 @@ Profiler::Profiler(Backend& backend, const Executor& exec, int runs_per_step, in
   for (NodeId id : schedule) {
     const Node& n = g.node(id);
     if (n.stream == 0 || !stream_names_[size_t(n.stream)].empty()) continue;
-    std::string group = n.attrs.s("group", "");
-    if (!group.empty()) stream_names_[size_t(n.stream)] = group;
+    if (n.attrs.has("group")) stream_names_[size_t(n.stream)] = mesh_group_name(n.attrs.group());
   }
   for (size_t s = 1; s < stream_names_.size(); ++s)
     if (stream_names_[s].empty()) stream_names_[s] = fmt::format("stream {}", s);

@@ -3,6 +3,7 @@
 
 #include "meshtrain/checkpoint/hf_config.h"
 #include "meshtrain/graph/autodiff.h"
+#include "meshtrain/graph/graph_dump.h"
 #include "meshtrain/graph/passes/assign_streams.h"
 #include "meshtrain/graph/passes/fuse_slice_grads.h"
 #include "meshtrain/ops/elementwise.h"
@@ -99,11 +100,11 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
 
   const auto policy = cfg.parallelism.fsdp_reshard_after_forward;
   const int n_layers = sg->model->n_layers();
-  if (policy != ReshardAfterForward::kNever && layout && layout->group_size("fsdp") > 1) {
+  if (policy != ReshardAfterForward::kNever && layout && layout->group_size(MeshGroup::kFsdp) > 1) {
     // torchtitan's "default": every transformer block but the last reshards (backward starts
     // with the last block right away); the root parameters stay gathered.
     const std::string last = fmt::format("layers.{}", n_layers - 1);
-    sg->reshard = reshard_after_forward(g, "fsdp", [&](const std::string& scope) {
+    sg->reshard = reshard_after_forward(g, MeshGroup::kFsdp, [&](const std::string& scope) {
       if (policy == ReshardAfterForward::kAlways) return true;
       if (scope.rfind("layers.", 0) != 0) return false;
       return !(scope == last || scope.rfind(last + ".", 0) == 0);
@@ -112,6 +113,37 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   // Last: collectives onto one stream per mesh group (the CPU backend runs streams in order).
   sg->streams = assign_streams(g);
   return sg;
+}
+
+ops::AdamWParams adamw_params(const JobConfig& cfg, int64_t accum_steps) {
+  return ops::AdamWParams{.beta1 = cfg.optimizer.beta1,
+                          .beta2 = cfg.optimizer.beta2,
+                          .eps = cfg.optimizer.eps,
+                          .weight_decay = cfg.optimizer.weight_decay,
+                          .max_norm = cfg.training.max_norm,
+                          .reset_grad = accum_steps > 1};
+}
+
+LoadBalanceOptions load_balance_options(const ParallelPlan& plan, const GroupLayout& layout) {
+  // Tokens differ across the data-parallel and context-parallel ranks (the "loss" group): the
+  // expert counts are summed over it before the bias update, as torchtitan does.
+  // With ETP = 1 and tp > 1 routing runs on sequence-parallel token shards, so tp ranks saw other
+  // tokens too and the sum runs over every rank; with ETP = tp the tp ranks routed the same
+  // (gathered) tokens and only the data-parallel ranks differ.
+  const bool shard_routing =
+      layout.group_size(MeshGroup::kTp) > 1 && layout.group_size(MeshGroup::kEtp) == 1;
+  const MeshGroup count_group = shard_routing ? MeshGroup::kWorld : MeshGroup::kLoss;
+  LoadBalanceOptions lb{.layers = plan.load_balance_layers()};
+  if (layout.group_size(count_group) > 1) lb.count_group = count_group;
+  return lb;
+}
+
+std::string dump_step_graphs(const Graph& step, const MemoryPlan& step_plan, int64_t accum_steps,
+                             const Graph& optimizer, const MemoryPlan& optimizer_plan) {
+  return dump_graphs(
+      {{fmt::format("step graph (one micro-batch, run {}x per optimizer step)", accum_steps), &step,
+        &step_plan},
+       {"optimizer graph (once per optimizer step)", &optimizer, &optimizer_plan}});
 }
 
 }  // namespace meshtrain

@@ -1,14 +1,18 @@
 // The training step graph of one micro-batch, built the same way for `train` and `plan`:
-// inputs → model forward → loss → autodiff → gradient accumulation sinks → passes
-// (dead-code elimination, FSDP reshard-after-forward). Shapes are this rank's local shapes.
+// inputs → model forward → loss → autodiff → gradient accumulation sinks → five passes (dead-code
+// elimination, slice-gradient fusion, activation checkpointing, FSDP reshard-after-forward,
+// stream assignment). Shapes are this rank's local shapes. The optimizer settings and the graph
+// dump that both commands share live here too.
 #pragma once
 
 #include <map>
 #include <memory>
 
+#include "meshtrain/graph/memory_plan.h"
 #include "meshtrain/graph/passes/activation_checkpoint.h"
 #include "meshtrain/graph/passes/reshard_after_forward.h"
 #include "meshtrain/model/model.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/group_layout.h"
 #include "meshtrain/parallel/parallel_dims.h"
 #include "meshtrain/train/job_config.h"
@@ -24,7 +28,7 @@ struct StepGraph {
   ValueId loss_sum = kNoValue;  // persistent [1] accumulator of `loss` over a step's micro-batches
   ReshardStats reshard;
   CheckpointStats checkpoint;
-  std::map<std::string, int> streams;  // mesh group -> stream index
+  std::map<MeshGroup, int> streams;  // mesh group -> stream index
   int64_t local_batch = 0, seq_len = 0;
 };
 
@@ -51,5 +55,15 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
 std::unique_ptr<StepGraph> build_forward_graph(const JobConfig& cfg, const GroupLayout* layout,
                                                const StepGraphOptions& options, int64_t local_batch,
                                                int64_t seq_len);
+// The AdamW settings of a job that accumulates over `accum_steps` micro-batches.
+ops::AdamWParams adamw_params(const JobConfig& cfg, int64_t accum_steps);
+// Load balancing of the plan's MoE layers: the expert counts are summed over the ranks that
+// routed different tokens (see the definition).
+LoadBalanceOptions load_balance_options(const ParallelPlan& plan, const GroupLayout& layout);
+
+// The scheduled step graph (run `accum_steps` times per optimizer step) and the optimizer graph,
+// as text (graph/graph_dump.h).
+std::string dump_step_graphs(const Graph& step, const MemoryPlan& step_plan, int64_t accum_steps,
+                             const Graph& optimizer, const MemoryPlan& optimizer_plan);
 
 }  // namespace meshtrain

@@ -20,7 +20,7 @@ namespace meshtrain {
 class Trainer::Services final : public ExecServices {
  public:
   Services(Backend& backend, DeviceMesh& mesh) : backend_(backend), mesh_(mesh) {}
-  Communicator& comm(const std::string& group) override { return mesh_.comm(group); }
+  Communicator& comm(MeshGroup group) override { return mesh_.comm(group); }
   Backend& backend() override { return backend_; }
 
  private:
@@ -81,7 +81,7 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   mesh_ = std::make_unique<DeviceMesh>(world, dims);
   layout_ = std::make_unique<MeshGroups>(mesh_->layout(), mesh_->rank());
   services_ = std::make_unique<Services>(*backend_, *mesh_);
-  const int dp = mesh_->size("dp"), dp_rank = mesh_->coord("dp");
+  const int dp = mesh_->size(MeshGroup::kDp), dp_rank = mesh_->coord(MeshGroup::kDp);
 
   // Data. torchtitan's test assets fall back to meshtrain's own debug inputs (notes say so).
   const TokenizerChoice tok = choose_tokenizer(cfg_.model.hf_assets_path);
@@ -139,22 +139,9 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   feeder_ =
       std::make_unique<InputFeeder>(*backend_, exec_->tensor(tokens_), exec_->tensor(labels_));
 
-  ops::AdamWParams ap{.beta1 = cfg_.optimizer.beta1,
-                      .beta2 = cfg_.optimizer.beta2,
-                      .eps = cfg_.optimizer.eps,
-                      .weight_decay = cfg_.optimizer.weight_decay,
-                      .max_norm = cfg_.training.max_norm,
-                      .reset_grad = accum_steps_ > 1};
-  // Tokens differ across the data-parallel and context-parallel ranks (the "loss" group): the
-  // expert counts are summed over it before the bias update, as torchtitan does.
-  // With ETP = 1 and tp > 1 routing runs on sequence-parallel token shards, so tp ranks saw other
-  // tokens too and the sum runs over every rank; with ETP = tp the tp ranks routed the same
-  // (gathered) tokens and only the data-parallel ranks differ.
-  const bool shard_routing = mesh_->size("tp") > 1 && mesh_->size("etp") == 1;
-  const std::string count_group = shard_routing ? "world" : "loss";
-  LoadBalanceOptions lb{.layers = plan_->load_balance_layers(),
-                        .count_group = mesh_->size(count_group) > 1 ? count_group : ""};
-  optimizer_ = std::make_unique<Optimizer>(*store_, ap, *backend_, services_.get(), lb);
+  const LoadBalanceOptions lb = load_balance_options(*plan_, *layout_);
+  optimizer_ = std::make_unique<Optimizer>(*store_, adamw_params(cfg_, accum_steps_), *backend_,
+                                           services_.get(), lb);
   int64_t load_elems = 0;
   for (const LoadBalanceLayer& l : lb.layers) load_elems += l.num_experts;
   if (load_elems > 0)
@@ -182,6 +169,9 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
       MT_CHECK_T(IoError, bool(out), "[job] save_config_file: cannot write '{}'", p.string());
       out << effective.to_json() << "\n";
     }
+    if (cfg_.job.dump_graph)
+      std::ofstream(std::filesystem::path(dump_folder_) / "step_graph.txt") << dump_step_graphs(
+          graph_, exec_->plan(), accum_steps_, optimizer_->graph(), optimizer_->plan());
   }
   metrics_ = std::make_unique<MetricsLogger>(
       rank_ == 0 && cfg_.metrics.enable_jsonl
@@ -200,7 +190,7 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   if (cfg_.validation.enable) {
     validator_ =
         std::make_unique<Validator>(cfg_, layout_.get(), so, *tokenizer_, *store_, *backend_,
-                                    services_.get(), mesh_->comm("world"), dp_rank, dp);
+                                    services_.get(), mesh_->comm(MeshGroup::kWorld), dp_rank, dp);
     for (const std::string& n : validator_->notes()) notes_.push_back(n);
   }
   if (cfg_.debug.dump_step > 0)
@@ -235,13 +225,13 @@ void Trainer::start_checkpointing(const ParallelDims& dims) {
                     .seed = uint64_t(cfg_.training.seed),
                     .dataset = loader_->description(),
                     .training_steps = cfg_.training.steps,
-                    .dp_rank = mesh_->coord("dp"),
-                    .dp_degree = mesh_->size("dp"),
+                    .dp_rank = mesh_->coord(MeshGroup::kDp),
+                    .dp_degree = mesh_->size(MeshGroup::kDp),
                     .accum_steps = accum_steps_,
                     .master_dtype = dtype_name(master_dtype_)};
   checkpointer_ =
       std::make_unique<CheckpointManager>(std::move(o), std::move(run), *model_, *plan_, *store_,
-                                          *backend_, mesh_->comm("world"), *loader_);
+                                          *backend_, mesh_->comm(MeshGroup::kWorld), *loader_);
   resumed_ = checkpointer_->load_at_start();
   step_ = resumed_.step;
   optimizer_offset_ = resumed_.optimizer_step - resumed_.step;
@@ -270,15 +260,15 @@ void Trainer::log_startup() const {
   log_info("data: {}", loader_->description());
   log_info("tokens per step: {} (local batch {} × seq {} × dp {} × accumulation {})",
            tokens_per_step_, cfg_.training.local_batch_size, cfg_.training.seq_len,
-           mesh_->size("dp"), accum_steps_);
+           mesh_->size(MeshGroup::kDp), accum_steps_);
   log_info("memory plan (per rank): {}; optimizer moments {}", mp.summary(),
            gib(2 * store_->trainable_numel() * int64_t(dtype_size(master_dtype_))));
   log_info(
       "step graph: {} nodes, {} values{}", exec_->plan().schedule.size(), graph_.num_values(),
-      plan_->group_size("fsdp") > 1
+      plan_->group_size(MeshGroup::kFsdp) > 1
           ? fmt::format(
                 "; fsdp {} over {} ranks, reshard_after_forward {} ({} gathers redone in backward)",
-                mesh_->dims().mode_name(), plan_->group_size("fsdp"),
+                mesh_->dims().mode_name(), plan_->group_size(MeshGroup::kFsdp),
                 reshard_after_forward_name(cfg_.parallelism.fsdp_reshard_after_forward),
                 reshard_.gathers_recomputed)
           : std::string());
@@ -295,6 +285,9 @@ void Trainer::log_startup() const {
   log_info("dump folder: {}", dump_folder_);
   if (const TensorBoardWriter* tb = metrics_->tensorboard())
     log_info("TensorBoard events: {}", tb->path());
+  if (cfg_.job.dump_graph)
+    log_info("step graph written to {}",
+             (std::filesystem::path(dump_folder_) / "step_graph.txt").string());
 }
 
 double Trainer::read_step_loss() {
@@ -302,7 +295,7 @@ double Trainer::read_step_loss() {
   // The step's loss is summed over micro-batches on this rank; the global mean is the sum over
   // every rank, since each already divided by the global count: data-parallel ranks hold other
   // sequences, tensor-parallel ranks other token shards (sequence parallel).
-  mesh_->comm("world").all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
+  mesh_->comm(MeshGroup::kWorld).all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
   backend_->copy(host_scalar_.raw(), loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(),
                  CopyKind::kDeviceToHost, s);
   // Host sync: the loss is read for the log line, on logging steps only.
@@ -313,7 +306,7 @@ double Trainer::read_step_loss() {
 HfRunContext Trainer::hf_context() {
   return HfRunContext{
       *model_, *plan_, *store_, *backend_, cfg_.training.seq_len, compute_dtype_, rank_, [this] {
-        mesh_->comm("world").barrier();
+        mesh_->comm(MeshGroup::kWorld).barrier();
       }};
 }
 
@@ -437,7 +430,7 @@ void Trainer::log_step(const StepRecord& r, double elapsed, int64_t steps_since)
   m.grad_norm = r.grad_norm;
   m.lr = r.lr;
   m.step_time_s = elapsed / double(steps_since);
-  const int non_dp = plan_->group_size("cp") * plan_->group_size("tp");
+  const int non_dp = plan_->group_size(MeshGroup::kCp) * plan_->group_size(MeshGroup::kTp);
   double local_tokens =
       double(cfg_.training.local_batch_size * cfg_.training.seq_len * accum_steps_ * steps_since);
   m.tps = local_tokens / elapsed / double(non_dp);

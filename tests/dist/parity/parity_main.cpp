@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
         std::printf("reshard never vs always: %d mismatching steps of %d\n", failures, o.steps);
     } else {
       Trainer dist(par, world, rt.launch());
-      const int dp = dist.plan().group_size("dp");
+      const int dp = dist.plan().group_size(MeshGroup::kDp);
       const int64_t accum =
           dist.tokens_per_step() / (par.training.local_batch_size * par.training.seq_len * dp);
       // The reference: one rank, local batch × dp rows, the same number of micro-batches.

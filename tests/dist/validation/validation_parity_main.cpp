@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   try {
     JobConfig par = job(o, {});
     Trainer dist(par, world, rt.launch());
-    const int dp = dist.plan().group_size("dp");
+    const int dp = dist.plan().group_size(MeshGroup::kDp);
     JobConfig ref_cfg = job(
         o, {"--parallelism.data_parallel_replicate_degree", "1",
             "--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree",

@@ -1,11 +1,10 @@
-// Activation checkpointing: per region, find forward values backward reads, clone the chain of
-// unsaved producers that recomputes them, rewire, and insert the clones into the schedule.
+// Activation checkpointing: per region, the forward values backward reads are recomputed from
+// the region's unsaved producers (graph/passes/recompute.h does the cloning and splicing).
 #include "meshtrain/graph/passes/activation_checkpoint.h"
 
-#include <algorithm>
 #include <map>
-#include <set>
 
+#include "meshtrain/graph/passes/recompute.h"
 #include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain {
@@ -13,11 +12,10 @@ namespace {
 
 // Nodes the pass never clones, whatever the policy.
 bool always_kept(const Node& n) {
-  if (n.op.rfind("ep_", 0) == 0) return true;  // the token exchange is saved, never repeated
-  if (n.op == "all_gather" && n.attrs.s("group", "") == "fsdp")
-    return true;  // reshard pass owns these
   const OpDef& def = OpRegistry::instance().op(n.op);
-  return def.side_effect;
+  if (!def.recomputable || def.side_effect) return true;  // e.g. the token exchange
+  // The reshard pass owns the gathers of FSDP-sharded parameters.
+  return def.collective == Collective::kAllGather && n.attrs.group() == MeshGroup::kFsdp;
 }
 
 }  // namespace
@@ -34,8 +32,8 @@ std::function<std::string(const Node&)> block_regions(int every_nth_block) {
 }
 
 bool selective_op_saves(const Node& n) {
-  static const std::set<std::string> kSaved = {"matmul", "attention", "grouped_matmul"};
-  return kSaved.count(n.op) > 0 || OpRegistry::instance().op(n.op).collective;
+  const OpDef& def = OpRegistry::instance().op(n.op);
+  return def.compute_heavy || def.is_collective();
 }
 
 bool full_recompute_saves(const Node&) { return false; }
@@ -44,95 +42,31 @@ CheckpointStats checkpoint_regions(Graph& graph,
                                    const std::function<std::string(const Node&)>& region_of,
                                    const std::function<bool(const Node&)>& save) {
   CheckpointStats stats;
-  std::vector<NodeId> order = graph.schedule();
-  std::vector<int> pos(size_t(graph.num_nodes()), -1);
-  for (size_t i = 0; i < order.size(); ++i) pos[size_t(order[i])] = int(i);
-  auto consumers = graph.consumers();
-
-  std::map<std::string, std::vector<NodeId>> regions;  // forward nodes per region, in order
+  Recompute recompute(graph, ".recomputed");
+  // Forward values per region, in schedule order; the region of every forward node.
+  std::map<std::string, std::vector<ValueId>> regions;
   std::vector<std::string> region(size_t(graph.num_nodes()));
-  for (NodeId id : order) {
+  for (NodeId id : graph.schedule()) {
     const Node& n = graph.node(id);
     if (n.phase != NodePhase::kForward) continue;
     std::string r = region_of(n);
     if (r.empty()) continue;
     region[size_t(id)] = r;
-    regions[r].push_back(id);
+    auto& values = regions[r];
+    values.insert(values.end(), n.outputs.begin(), n.outputs.end());
   }
-
-  std::map<NodeId, std::vector<NodeId>> insert_before;
-  for (auto& [key, nodes] : regions) {
-    // Producer -> clone (the cloned node's outputs replace the originals for backward readers).
-    std::map<NodeId, NodeId> clone_of;
-    std::vector<NodeId> clones;
-    std::function<ValueId(ValueId)> recompute = [&](ValueId v) -> ValueId {
-      NodeId prod = graph.value(v).producer;
-      if (prod < 0 || region[size_t(prod)] != key) return v;
-      const Node& pn = graph.node(prod);
-      if (always_kept(pn) || save(pn)) return v;
-      auto it = clone_of.find(prod);
-      if (it == clone_of.end()) {
-        const Node src = graph.node(prod);
-        std::vector<ValueId> ins;
-        for (ValueId in : src.inputs) ins.push_back(recompute(in));
-        std::vector<TensorMeta> metas;
-        for (ValueId o : src.outputs) metas.push_back(graph.value(o).meta);
-        NodeId cid =
-            graph.add_node(src.op, ins, metas, src.attrs, src.scope, NodePhase::kRecompute);
-        const OpDef& def = OpRegistry::instance().op(src.op);
-        for (size_t k = 0; k < src.outputs.size(); ++k) {
-          ValueId out = graph.node(cid).outputs[k];
-          graph.value(out).name = graph.value(src.outputs[k]).name + ".recomputed";
-          if (k == 0 && def.view_of_input >= 0) {
-            const Value& in = graph.value(ins[size_t(def.view_of_input)]);
-            graph.value(out).alias_of =
-                in.alias_of != kNoValue ? in.alias_of : ins[size_t(def.view_of_input)];
-          }
-        }
-        region.push_back("");  // keep the per-node table sized for new ids
-        it = clone_of.emplace(prod, cid).first;
-        clones.push_back(cid);
-      }
-      const Node& src = graph.node(prod);
-      size_t k = size_t(std::find(src.outputs.begin(), src.outputs.end(), v) - src.outputs.begin());
-      return graph.node(it->second).outputs[k];
+  for (const auto& [key, values] : regions) {
+    // Unsaved producers of the region are recomputed; anything else is read as saved.
+    auto clone = [&, key = key](const Node& n) {
+      return size_t(n.id) < region.size() && region[size_t(n.id)] == key && !always_kept(n) &&
+             !save(n);
     };
-
-    NodeId first_reader = kNoNode;
-    std::vector<std::pair<NodeId, std::pair<ValueId, ValueId>>> rewires;
-    for (NodeId id : nodes) {
-      const std::vector<ValueId> outs = graph.node(id).outputs;  // recompute() appends nodes
-      for (ValueId out : outs)
-        for (NodeId c : consumers[size_t(out)]) {
-          if (graph.node(c).phase == NodePhase::kForward) continue;
-          ValueId repl = recompute(out);
-          if (repl == out) continue;
-          rewires.push_back({c, {out, repl}});
-          if (first_reader == kNoNode || pos[size_t(c)] < pos[size_t(first_reader)])
-            first_reader = c;
-        }
-    }
-    for (auto& [c, pr] : rewires)
-      for (ValueId& in : graph.node(c).inputs)
-        if (in == pr.first) in = pr.second;
-    if (clones.empty()) continue;
-    // Clones in creation order respect their own dependencies.
-    std::sort(clones.begin(), clones.end());
-    auto& slot = insert_before[first_reader];
-    slot.insert(slot.end(), clones.begin(), clones.end());
+    const Recompute::Region r = recompute.add(values, clone);
+    if (r.clones.empty()) continue;
     ++stats.regions;
-    stats.nodes_recomputed += int(clones.size());
+    stats.nodes_recomputed += int(r.clones.size());
   }
-
-  std::vector<NodeId> schedule;
-  schedule.reserve(order.size() + size_t(stats.nodes_recomputed));
-  for (NodeId id : order) {
-    auto it = insert_before.find(id);
-    if (it != insert_before.end())
-      schedule.insert(schedule.end(), it->second.begin(), it->second.end());
-    schedule.push_back(id);
-  }
-  graph.set_schedule(std::move(schedule));
+  recompute.splice();
   return stats;
 }
 

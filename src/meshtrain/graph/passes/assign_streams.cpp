@@ -6,19 +6,20 @@
 
 namespace meshtrain {
 
-std::map<std::string, int> assign_streams(Graph& graph) {
-  static const char* kOrder[] = {"fsdp", "tp", "ep", "efsdp", "dp_replicate", "edp",
-                                 "etp",  "cp", "dp", "loss",  "world"};
-  std::map<std::string, int> stream_of;
+std::map<MeshGroup, int> assign_streams(Graph& graph) {
+  using G = MeshGroup;
+  static constexpr G kOrder[] = {G::kFsdp, G::kTp, G::kEp, G::kEfsdp, G::kDpReplicate, G::kEdp,
+                                 G::kEtp,  G::kCp, G::kDp, G::kLoss,  G::kWorld};
+  std::map<MeshGroup, int> stream_of;
   int next = 1;
-  for (const char* g : kOrder) stream_of[g] = next++;
-  std::map<std::string, int> used;
+  for (G g : kOrder) stream_of[g] = next++;
+  std::map<MeshGroup, int> used;
   const OpRegistry& reg = OpRegistry::instance();
   for (Node& n : graph.nodes()) {
-    if (n.dead || !reg.op(n.op).collective) continue;
-    std::string group = n.attrs.s("group", "");
+    if (n.dead || !reg.op(n.op).is_collective()) continue;
+    const MeshGroup group = n.attrs.group();
     auto it = stream_of.find(group);
-    if (it == stream_of.end()) it = stream_of.emplace(group, next++).first;
+    if (it == stream_of.end()) it = stream_of.emplace(group, next++).first;  // dp_shard
     n.stream = it->second;
     used[group] = it->second;
   }

@@ -5,13 +5,13 @@
 #pragma once
 
 #include <map>
-#include <string>
 
+#include "meshtrain/core/mesh_group.h"
 #include "meshtrain/ir/ir.h"
 
 namespace meshtrain {
 
-// Returns stream index per group name (1-based; compute is 0), in first-use order.
-std::map<std::string, int> assign_streams(Graph& graph);
+// Returns the stream index of each group used (1-based; compute is 0).
+std::map<MeshGroup, int> assign_streams(Graph& graph);
 
 }  // namespace meshtrain

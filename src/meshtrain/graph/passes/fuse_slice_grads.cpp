@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "meshtrain/ir/op_registry.h"
+
 namespace meshtrain {
 namespace {
 
@@ -33,12 +35,13 @@ void collect(const Graph& g, const std::vector<std::vector<NodeId>>& consumers, 
     return;
   }
   const Node& n = g.node(val.producer);
-  if (n.op == "add") {
+  const OpDef& def = OpRegistry::instance().op(n.op);
+  if (def.sums_inputs) {
     t.inner_adds.push_back(n.id);
     for (ValueId in : n.inputs) collect(g, consumers, in, t);
     return;
   }
-  if (n.op != "slice_backward") {
+  if (!def.pads_slice) {
     t.ok = false;
     return;
   }
@@ -63,7 +66,7 @@ int fuse_slice_grads(Graph& g) {
   // Latest first: a root is seen before the adds inside it.
   for (NodeId id = g.num_nodes() - 1; id >= 0; --id) {
     Node& root = g.node(id);
-    if (root.dead || root.op != "add") continue;
+    if (root.dead || !OpRegistry::instance().op(root.op).sums_inputs) continue;
     Tree t;
     for (ValueId in : root.inputs) collect(g, consumers, in, t);
     if (!t.ok || t.pieces.size() < 2) continue;

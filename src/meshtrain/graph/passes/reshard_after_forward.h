@@ -19,8 +19,8 @@ struct ReshardStats {
   int64_t bytes_released = 0;
 };
 
-// `group` is the mesh group of the FSDP gathers (e.g. "fsdp"). Sets the graph's schedule.
-ReshardStats reshard_after_forward(Graph& graph, const std::string& group,
+// `group` is the mesh group of the FSDP gathers (MeshGroup::kFsdp). Sets the graph's schedule.
+ReshardStats reshard_after_forward(Graph& graph, MeshGroup group,
                                    const std::function<bool(const std::string& scope)>& reshard);
 
 }  // namespace meshtrain

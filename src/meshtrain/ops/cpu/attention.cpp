@@ -15,6 +15,17 @@ namespace {
 
 using ops::AttentionDims;
 
+// Queries are walked in blocks of this many rows; with causal masking each block only multiplies
+// against the keys it can see. The workspace holds one [block, S] tile per buffer.
+constexpr int64_t kRowBlock = 64;
+
+// Kernels compute in the input dtype (float32 or float64): bytes of one [row block, S] tile.
+size_t tile_bytes(const TensorMeta& q) {
+  const int64_t s = q.shape[1];
+  const size_t elem = dtype_size(q.dtype == DType::kF64 ? DType::kF64 : DType::kF32);
+  return size_t(std::min(s, kRowBlock) * s) * elem;
+}
+
 // C = alpha op(A) op(B) + beta C, row-major with explicit leading dims.
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
@@ -53,7 +64,7 @@ struct RowBlock {
   int64_t i0, rows, keys;
 };
 RowBlock row_block(int64_t i0, int64_t s, bool causal) {
-  const int64_t i1 = std::min(s, i0 + ops::kCpuAttentionRowBlock);
+  const int64_t i1 = std::min(s, i0 + kRowBlock);
   return {i0, i1 - i0, causal ? i1 : s};
 }
 
@@ -64,7 +75,7 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, T* lse, T* p,
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t h = 0; h < d.heads_q; ++h) {
       const HeadView hv = head_view(d, b, h);
-      for (int64_t i0 = 0; i0 < s; i0 += ops::kCpuAttentionRowBlock) {
+      for (int64_t i0 = 0; i0 < s; i0 += kRowBlock) {
         const RowBlock rb = row_block(i0, s, causal);
         gemm<T>(false, true, rb.rows, rb.keys, d.dim_qk, T(scale), q + hv.q_off + i0 * hv.ld_q,
                 hv.ld_q, k + hv.kv_qk_off, hv.ld_k, T(0), p, s);
@@ -101,7 +112,7 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
       const HeadView hv = head_view(d, b, h);
       const T* kh = k + hv.kv_qk_off;
       const T* vh = v + hv.kv_v_off;
-      for (int64_t i0 = 0; i0 < s; i0 += ops::kCpuAttentionRowBlock) {
+      for (int64_t i0 = 0; i0 < s; i0 += kRowBlock) {
         const RowBlock rb = row_block(i0, s, causal);
         const T* qb = q + hv.q_off + i0 * hv.ld_q;
         const T* ob = out + hv.o_off + i0 * hv.ld_o;
@@ -146,32 +157,45 @@ AttentionDims dims_of(const KernelContext& c) {
 }
 
 MT_REGISTER_OPS {
-  add_cpu_kernel("attention", [](KernelContext& c) {
-    const AttentionDims d = dims_of(c);
-    if (d.batch * d.seq * d.heads_q == 0) return;  // empty: nothing to write
-    MT_DISPATCH_FLOAT(c.out[0].dtype(), "attention", [&] {
-      scalar_t* p = static_cast<scalar_t*>(c.workspace.raw());
-      attention_forward(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2),
-                        out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1), p, d,
-                        c.attrs().f("softmax_scale"), c.attrs().b("causal"));
-    });
-  });
-  add_cpu_kernel("attention_backward", [](KernelContext& c) {
-    const AttentionDims d = dims_of(c);
-    MT_DISPATCH_FLOAT(c.out[0].dtype(), "attention_backward", [&] {
-      if (d.batch * d.seq * d.heads_q == 0) {
-        std::fill_n(out_ptr<scalar_t>(c, 1), c.out[1].numel(), scalar_t(0));
-        std::fill_n(out_ptr<scalar_t>(c, 2), c.out[2].numel(), scalar_t(0));
-        return;
-      }
-      scalar_t* p = static_cast<scalar_t*>(c.workspace.raw());
-      const int64_t tile = std::min(d.seq, ops::kCpuAttentionRowBlock) * d.seq;
-      attention_backward(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2),
-                         in_ptr<scalar_t>(c, 3), in_ptr<scalar_t>(c, 4), in_ptr<scalar_t>(c, 5),
-                         out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1), out_ptr<scalar_t>(c, 2),
-                         p, p + tile, d, c.attrs().f("softmax_scale"), c.attrs().b("causal"));
-    });
-  });
+  // Forward: one tile of scores/probabilities, reused across heads.
+  add_cpu_kernel(
+      "attention",
+      [](KernelContext& c) {
+        const AttentionDims d = dims_of(c);
+        if (d.batch * d.seq * d.heads_q == 0) return;  // empty: nothing to write
+        MT_DISPATCH_FLOAT(c.out[0].dtype(), "attention", [&] {
+          scalar_t* p = static_cast<scalar_t*>(c.workspace.raw());
+          attention_forward(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2),
+                            out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1), p, d,
+                            c.attrs().f("softmax_scale"), c.attrs().b("causal"));
+        });
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs&) {
+        return tile_bytes(in[0]);
+      });
+  // Backward: a tile of the probabilities P and one of their gradient dP.
+  add_cpu_kernel(
+      "attention_backward",
+      [](KernelContext& c) {
+        const AttentionDims d = dims_of(c);
+        MT_DISPATCH_FLOAT(c.out[0].dtype(), "attention_backward", [&] {
+          if (d.batch * d.seq * d.heads_q == 0) {
+            std::fill_n(out_ptr<scalar_t>(c, 1), c.out[1].numel(), scalar_t(0));
+            std::fill_n(out_ptr<scalar_t>(c, 2), c.out[2].numel(), scalar_t(0));
+            return;
+          }
+          scalar_t* p = static_cast<scalar_t*>(c.workspace.raw());
+          const int64_t tile = std::min(d.seq, kRowBlock) * d.seq;
+          attention_backward(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2),
+                             in_ptr<scalar_t>(c, 3), in_ptr<scalar_t>(c, 4), in_ptr<scalar_t>(c, 5),
+                             out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1),
+                             out_ptr<scalar_t>(c, 2), p, p + tile, d, c.attrs().f("softmax_scale"),
+                             c.attrs().b("causal"));
+        });
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs&) {
+        return 2 * tile_bytes(in[0]);
+      });
 }
 
 }  // namespace

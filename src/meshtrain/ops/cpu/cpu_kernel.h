@@ -19,8 +19,9 @@ template <typename T>
 T* inout_ptr(const KernelContext& c, int i) {
   return static_cast<T*>(c.in.at(size_t(i)).raw());
 }
-inline void add_cpu_kernel(const std::string& op, KernelFn fn) {
-  OpRegistry::instance().add_kernel(op, DeviceType::kCPU, std::move(fn));
+// `workspace` sizes the scratch the kernel reads as KernelContext::workspace (empty: none).
+inline void add_cpu_kernel(const std::string& op, KernelFn fn, WorkspaceFn workspace = {}) {
+  OpRegistry::instance().add_kernel(op, DeviceType::kCPU, std::move(fn), std::move(workspace));
 }
 
 }  // namespace meshtrain::cpu

@@ -54,16 +54,21 @@ MT_REGISTER_OPS {
                       s.rows(), s.last(), c.attrs().f("eps"));
     });
   });
-  add_cpu_kernel("rmsnorm_backward", [](KernelContext& c) {
-    const Shape& s = c.in[0].shape();
-    // No workspace when D == 0 (nothing to accumulate).
-    double* acc = c.workspace.defined() ? static_cast<double*>(c.workspace.raw()) : nullptr;
-    MT_DISPATCH_FLOAT(c.out[0].dtype(), "rmsnorm_backward", [&] {
-      rmsnorm_backward(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2),
-                       out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1), acc, s.rows(), s.last(),
-                       c.attrs().f("eps"));
-    });
-  });
+  // Scratch: the dw row-sum accumulates in float64, D elements (none when D == 0).
+  add_cpu_kernel(
+      "rmsnorm_backward",
+      [](KernelContext& c) {
+        const Shape& s = c.in[0].shape();
+        double* acc = c.workspace.defined() ? static_cast<double*>(c.workspace.raw()) : nullptr;
+        MT_DISPATCH_FLOAT(c.out[0].dtype(), "rmsnorm_backward", [&] {
+          rmsnorm_backward(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2),
+                           out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1), acc, s.rows(),
+                           s.last(), c.attrs().f("eps"));
+        });
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs&) {
+        return size_t(in[1].numel()) * sizeof(double);
+      });
 }
 
 }  // namespace

@@ -142,21 +142,35 @@ void route_backward(const KernelContext& c, const ops::RouterConfig& cfg) {
   }
 }
 
+// Scratch per token: scores and biased scores (E doubles each), expert order (E int32), group
+// scores (G doubles) and group order (G int32).
+size_t router_workspace(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
+                        const Attrs& a) {
+  const int64_t e = in[0].shape[1], g = a.i("num_expert_groups");
+  return size_t(2 * e + g) * sizeof(double) + size_t(e + g) * sizeof(int32_t);
+}
+
 MT_REGISTER_OPS {
   auto& reg = OpRegistry::instance();
-  reg.add_kernel_factory("router", DeviceType::kCPU, [](const Node& node, const Graph&) {
-    ops::RouterConfig cfg = ops::router_config_from_attrs(node.attrs);
-    return KernelFn([cfg](KernelContext& c) {
-      MT_DISPATCH_FLOAT(c.in[0].dtype(), "router", [&] { route<scalar_t>(c, cfg); });
-    });
-  });
-  reg.add_kernel_factory("router_backward", DeviceType::kCPU, [](const Node& node, const Graph&) {
-    ops::RouterConfig cfg = ops::router_config_from_attrs(node.attrs);
-    return KernelFn([cfg](KernelContext& c) {
-      MT_DISPATCH_FLOAT(c.in[0].dtype(), "router_backward",
-                        [&] { route_backward<scalar_t>(c, cfg); });
-    });
-  });
+  reg.add_kernel_factory(
+      "router", DeviceType::kCPU,
+      [](const Node& node, const Graph&) {
+        ops::RouterConfig cfg = ops::router_config_from_attrs(node.attrs);
+        return KernelFn([cfg](KernelContext& c) {
+          MT_DISPATCH_FLOAT(c.in[0].dtype(), "router", [&] { route<scalar_t>(c, cfg); });
+        });
+      },
+      router_workspace);
+  reg.add_kernel_factory(
+      "router_backward", DeviceType::kCPU,
+      [](const Node& node, const Graph&) {
+        ops::RouterConfig cfg = ops::router_config_from_attrs(node.attrs);
+        return KernelFn([cfg](KernelContext& c) {
+          MT_DISPATCH_FLOAT(c.in[0].dtype(), "router_backward",
+                            [&] { route_backward<scalar_t>(c, cfg); });
+        });
+      },
+      router_workspace);
 }
 
 }  // namespace

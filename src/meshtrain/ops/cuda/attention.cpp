@@ -156,10 +156,19 @@ KernelFn make_attention_backward(const Node& n, const Graph& g) {
   };
 }
 
+// Backward scratch: delta = rowsum(dout * out) per (batch, q head, row), in the accumulation type
+// (fp32 for bf16/fp32, fp64 for fp64). The forward needs none.
+size_t delta_bytes(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
+                   const Attrs&) {
+  const TensorMeta& q = in.at(0);
+  const size_t elem = q.dtype == DType::kF64 ? sizeof(double) : sizeof(float);
+  return size_t(q.shape[0] * q.shape[2] * q.shape[1]) * elem;
+}
+
 MT_REGISTER_OPS {
   OpRegistry::instance().add_kernel_factory("attention", DeviceType::kCUDA, make_attention);
   OpRegistry::instance().add_kernel_factory("attention_backward", DeviceType::kCUDA,
-                                            make_attention_backward);
+                                            make_attention_backward, delta_bytes);
 }
 
 }  // namespace

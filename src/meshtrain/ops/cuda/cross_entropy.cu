@@ -174,10 +174,16 @@ void backward(const KernelContext& c, cudaStream_t s) {
 }
 
 MT_REGISTER_OPS {
-  add_cuda_kernel("cross_entropy", [](KernelContext& c) {
-    MT_DISPATCH_CUDA_FLOAT(c.in[0].dtype(), "cross_entropy",
-                           [&] { forward<scalar_t>(c, stream_of(c)); });
-  });
+  // Scratch: one float64 loss per row, then the deterministic reduction's partials.
+  add_cuda_kernel(
+      "cross_entropy",
+      [](KernelContext& c) {
+        MT_DISPATCH_CUDA_FLOAT(c.in[0].dtype(), "cross_entropy",
+                               [&] { forward<scalar_t>(c, stream_of(c)); });
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs&) {
+        return cross_entropy_workspace_bytes(in[0].shape[0]);
+      });
   add_cuda_kernel("cross_entropy_backward", [](KernelContext& c) {
     // dloss has the loss's dtype: float32 for bf16 logits, else the logits' dtype.
     switch (c.in[0].dtype()) {

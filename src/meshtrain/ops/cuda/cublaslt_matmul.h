@@ -17,7 +17,8 @@
 
 namespace meshtrain::cuda {
 
-// cuBLAS's recommended workspace on Hopper; what OpDef::workspace gives `matmul` on CUDA.
+// cuBLAS's recommended workspace on Hopper; what the CUDA `matmul` and grouped GEMM kernels
+// register as their scratch.
 constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
 
 // Row-major problem. A is stored [ta ? k : m, lda], B [tb ? n : k, ldb], C [m, ldc].

@@ -44,8 +44,9 @@ T* inout_ptr(const KernelContext& c, int i) {
 }
 inline cudaStream_t stream_of(const KernelContext& c) { return native_stream(*c.stream); }
 
-inline void add_cuda_kernel(const std::string& op, KernelFn fn) {
-  OpRegistry::instance().add_kernel(op, DeviceType::kCUDA, std::move(fn));
+// `workspace` sizes the scratch the kernel reads as KernelContext::workspace (empty: none).
+inline void add_cuda_kernel(const std::string& op, KernelFn fn, WorkspaceFn workspace = {}) {
+  OpRegistry::instance().add_kernel(op, DeviceType::kCUDA, std::move(fn), std::move(workspace));
 }
 
 // Grid for a grid-stride loop over n items: enough blocks to fill the GPU several times over,

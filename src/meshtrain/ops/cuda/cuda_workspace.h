@@ -1,7 +1,7 @@
-// Scratch sizes of the CUDA kernels, in one plain header (no CUDA includes) so that the op layer
-// (ops/*.cpp, built without nvcc too) can size OpDef::workspace for DeviceType::kCUDA and the
-// kernels can lay that workspace out the same way. Sizes depend on shapes only, never on the
-// device, so the memory plan is the same on every GPU and reductions are reproducible.
+// Scratch sizes of the CUDA kernels: each kernel registers the size of the scratch it lays out
+// (OpRegistry::add_kernel's workspace function) from the same numbers it uses. Sizes depend on
+// shapes only, never on the device, so the memory plan is the same on every GPU and reductions
+// are reproducible.
 #pragma once
 
 #include <algorithm>

@@ -214,13 +214,19 @@ MT_REGISTER_OPS {
   add_cuda_kernel("cast", [](KernelContext& c) { cast_any(c.in[0], c.out[0], stream_of(c)); });
   add_cuda_kernel("reshape", [](KernelContext&) {});    // a view: shares its input's bytes
   add_cuda_kernel("grad_cast", [](KernelContext&) {});  // a view in forward
-  add_cuda_kernel("sum", [](KernelContext& c) {
-    MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "sum", [&] {
-      launch_reduce(in_ptr<scalar_t>(c, 0), c.in[0].numel(),
-                    static_cast<double*>(c.workspace.raw()), out_ptr<scalar_t>(c, 0), IdentityOp{},
-                    stream_of(c));
-    });
-  });
+  // Scratch: the float64 partials of the deterministic two-pass reduction.
+  add_cuda_kernel(
+      "sum",
+      [](KernelContext& c) {
+        MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "sum", [&] {
+          launch_reduce(in_ptr<scalar_t>(c, 0), c.in[0].numel(),
+                        static_cast<double*>(c.workspace.raw()), out_ptr<scalar_t>(c, 0),
+                        IdentityOp{}, stream_of(c));
+        });
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs&) {
+        return reduce_workspace_bytes(in[0].numel());
+      });
   add_cuda_kernel("expand_scalar", [](KernelContext& c) {
     const int64_t n = c.out[0].numel();
     if (n == 0) return;

@@ -232,13 +232,19 @@ MT_REGISTER_OPS {
               c.in[0].numel(), ws[0], ws[1], stream_of(c));
     });
   });
-  add_cuda_kernel("embedding_backward", [](KernelContext& c) {
-    const Shape& os = c.out[0].shape();
-    MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "embedding_backward", [&] {
-      backward(in_ptr<int32_t>(c, 0), in_ptr<scalar_t>(c, 1), out_ptr<scalar_t>(c, 0),
-               c.workspace.raw(), c.in[0].numel(), os[0], os[1], stream_of(c));
-    });
-  });
+  // Scratch: the buffers of a stable sort of the ids (no float atomics in dweight).
+  add_cuda_kernel(
+      "embedding_backward",
+      [](KernelContext& c) {
+        const Shape& os = c.out[0].shape();
+        MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "embedding_backward", [&] {
+          backward(in_ptr<int32_t>(c, 0), in_ptr<scalar_t>(c, 1), out_ptr<scalar_t>(c, 0),
+                   c.workspace.raw(), c.in[0].numel(), os[0], os[1], stream_of(c));
+        });
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out, const Attrs&) {
+        return embedding_backward_workspace_bytes(in[0].numel(), out[0].shape[0]);
+      });
 }
 
 }  // namespace

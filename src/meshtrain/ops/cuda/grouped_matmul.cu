@@ -309,11 +309,17 @@ KernelFn make_grouped_wgrad(const Node& node, const Graph& graph) {
   };
 }
 
+// Scratch: cuBLAS's recommended workspace on Hopper, split into one slice per GEMM stream.
+size_t gemm_workspace(const std::vector<TensorMeta>&, const std::vector<TensorMeta>&,
+                      const Attrs&) {
+  return kGemmWorkspaceBytes;
+}
+
 MT_REGISTER_OPS {
   OpRegistry::instance().add_kernel_factory("grouped_matmul", DeviceType::kCUDA,
-                                            make_grouped_matmul);
+                                            make_grouped_matmul, gemm_workspace);
   OpRegistry::instance().add_kernel_factory("grouped_matmul_wgrad", DeviceType::kCUDA,
-                                            make_grouped_wgrad);
+                                            make_grouped_wgrad, gemm_workspace);
 }
 
 }  // namespace

@@ -19,14 +19,11 @@ KernelFn make_matmul_kernel(const Node& node, const Graph& graph) {
              am.dtype == DType::kBF16 || am.dtype == DType::kF32 || am.dtype == DType::kF64,
              "matmul at '{}' on CUDA: expected dtype bfloat16, float32 or float64, found {}",
              node.scope, dtype_name(am.dtype));
-  // The workspace the memory plan reserves for this node (one source of truth: ops/matmul.cpp).
-  std::vector<TensorMeta> ins{am, bm}, outs{graph.value(node.outputs.at(0)).meta};
-  const size_t workspace =
-      OpRegistry::instance().op("matmul").workspace(ins, outs, node.attrs, DeviceType::kCUDA);
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));  // the backend made its device current before prepare()
+  // The algorithm is chosen for exactly the workspace this kernel registers below.
   std::shared_ptr<const GemmPlan> plan =
-      gemm_plan(device, gemm_problem(am.dtype, ta, tb, d.m, d.n, d.k), workspace);
+      gemm_plan(device, gemm_problem(am.dtype, ta, tb, d.m, d.n, d.k), kGemmWorkspaceBytes);
   return [plan](KernelContext& c) {
     plan->run(c.in[0].raw(), c.in[1].raw(), c.out[0].raw(),
               c.workspace.defined() ? c.workspace.raw() : nullptr,
@@ -36,7 +33,12 @@ KernelFn make_matmul_kernel(const Node& node, const Graph& graph) {
 }
 
 MT_REGISTER_OPS {
-  OpRegistry::instance().add_kernel_factory("matmul", DeviceType::kCUDA, make_matmul_kernel);
+  // Scratch: cuBLASLt's recommended 32 MiB on Hopper (split-K partials, kernel scratch).
+  OpRegistry::instance().add_kernel_factory(
+      "matmul", DeviceType::kCUDA, make_matmul_kernel,
+      [](const std::vector<TensorMeta>&, const std::vector<TensorMeta>&, const Attrs&) {
+        return kGemmWorkspaceBytes;
+      });
 }
 
 }  // namespace

@@ -223,9 +223,14 @@ void permute(KernelContext& c) {
 }
 
 MT_REGISTER_OPS {
-  OpRegistry::instance().add_kernel_factory("moe_dispatch_plan", DeviceType::kCUDA,
-                                            make_dispatch_plan);
-  add_cuda_kernel("moe_permute", permute);
+  OpRegistry::instance().add_kernel_factory(
+      "moe_dispatch_plan", DeviceType::kCUDA, make_dispatch_plan,
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs& a) {
+        return dispatch_plan_workspace_bytes(in[0].numel(), a.i("num_experts"));
+      });
+  add_cuda_kernel("moe_permute", permute,
+                  [](const std::vector<TensorMeta>&, const std::vector<TensorMeta>& out,
+                     const Attrs&) { return moe_permute_workspace_bytes(out[0].shape[0]); });
 }
 
 }  // namespace

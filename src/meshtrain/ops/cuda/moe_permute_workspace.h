@@ -1,6 +1,6 @@
-// Scratch sizes of the CUDA dispatch-plan and permutation kernels, in a plain header (no CUDA
-// includes) so the op layer, built without nvcc too, sizes OpDef::workspace for DeviceType::kCUDA
-// from the same numbers the kernels use. Sizes depend on shapes only, never on the routing.
+// Scratch sizes of the CUDA dispatch-plan and permutation kernels: their registrations size the
+// workspace from the same numbers the kernels use. Sizes depend on shapes only, never on the
+// routing.
 #pragma once
 
 #include <algorithm>

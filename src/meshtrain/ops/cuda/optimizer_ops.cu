@@ -93,13 +93,19 @@ void adamw(KernelContext& c) {
 }
 
 MT_REGISTER_OPS {
-  add_cuda_kernel("sum_squares", [](KernelContext& c) {
-    MT_DISPATCH_CUDA_FLOAT(c.in[0].dtype(), "sum_squares", [&] {
-      launch_reduce(in_ptr<scalar_t>(c, 0), c.in[0].numel(),
-                    static_cast<double*>(c.workspace.raw()), out_ptr<double>(c, 0), SquareOp{},
-                    stream_of(c));
-    });
-  });
+  // Scratch: the float64 partials of the deterministic two-pass reduction.
+  add_cuda_kernel(
+      "sum_squares",
+      [](KernelContext& c) {
+        MT_DISPATCH_CUDA_FLOAT(c.in[0].dtype(), "sum_squares", [&] {
+          launch_reduce(in_ptr<scalar_t>(c, 0), c.in[0].numel(),
+                        static_cast<double*>(c.workspace.raw()), out_ptr<double>(c, 0), SquareOp{},
+                        stream_of(c));
+        });
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs&) {
+        return reduce_workspace_bytes(in[0].numel());
+      });
   add_cuda_kernel("adamw_update", [](KernelContext& c) {
     switch (c.in[0].dtype()) {
       case DType::kF32: return adamw<float>(c);

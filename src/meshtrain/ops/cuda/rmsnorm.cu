@@ -176,15 +176,21 @@ MT_REGISTER_OPS {
               sh.last(), c.attrs().f("eps"), stream_of(c));
     });
   });
-  add_cuda_kernel("rmsnorm_backward", [](KernelContext& c) {
-    const Shape& sh = c.in[0].shape();
-    MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "rmsnorm_backward", [&] {
-      backward(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2),
-               out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1),
-               c.workspace.defined() ? c.workspace.raw() : nullptr, sh.rows(), sh.last(),
-               c.attrs().f("eps"), stream_of(c));
-    });
-  });
+  // Scratch: 1/rms per row and per-row-group column partials of dw (a deterministic reduction).
+  add_cuda_kernel(
+      "rmsnorm_backward",
+      [](KernelContext& c) {
+        const Shape& sh = c.in[0].shape();
+        MT_DISPATCH_CUDA_FLOAT(c.out[0].dtype(), "rmsnorm_backward", [&] {
+          backward(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2),
+                   out_ptr<scalar_t>(c, 0), out_ptr<scalar_t>(c, 1),
+                   c.workspace.defined() ? c.workspace.raw() : nullptr, sh.rows(), sh.last(),
+                   c.attrs().f("eps"), stream_of(c));
+        });
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs&) {
+        return rmsnorm_backward_workspace_bytes(in[0].shape.rows(), in[0].shape.last());
+      });
 }
 
 }  // namespace
