@@ -9,7 +9,7 @@
 #include <functional>
 #include <vector>
 
-#include "meshtrain/ops/cuda/matmul_attention_check.h"
+#include "meshtrain/runtime/cuda/cuda_check.h"
 
 namespace meshtrain::bench {
 
