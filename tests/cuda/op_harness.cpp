@@ -167,7 +167,8 @@ bool compare(const std::string& what, const std::vector<double>& ref,
   if (!exact && case_tol.rtol >= 0) tol.rtol = case_tol.rtol;
   if (!exact && case_tol.atol >= 0) tol.atol = case_tol.atol;
   const bool by_terms = !exact && case_tol.terms > 0 && mag.size() == ref.size();
-  const double per_term = by_terms ? case_tol.terms * unit_roundoff(device_dtype) : 0;
+  const double per_term =
+      by_terms ? case_tol.terms * unit_roundoff(case_tol.terms_dtype.value_or(device_dtype)) : 0;
   double scale = 0;
   for (double r : ref)
     if (std::isfinite(r)) scale = std::max(scale, std::abs(r));
@@ -191,7 +192,8 @@ bool compare(const std::string& what, const std::vector<double>& ref,
   if (bad == 0) return true;
   const size_t w = size_t(worst);
   const std::string bound =
-      by_terms ? fmt::format("rtol {:g}, {:g} x u x Σ|terms|", tol.rtol, case_tol.terms)
+      by_terms ? fmt::format("rtol {:g}, {:g} x u({}) x Σ|terms|", tol.rtol, case_tol.terms,
+                             dtype_name(case_tol.terms_dtype.value_or(device_dtype)))
                : fmt::format("rtol {:g}, atol {:g} x max|ref| {:.4g}", tol.rtol, tol.atol, scale);
   report += fmt::format(
       "  {} ({}): {} of {} elements outside tolerance ({}){}; worst element {}: gpu {:.9g}, cpu "

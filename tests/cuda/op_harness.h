@@ -31,6 +31,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ struct InputSpec {
 struct Tolerance {
   double rtol = -1, atol = -1;  // < 0: the dtype default
   double terms = -1;            // > 0: bound by Σ|terms| (see above); atol is then unused
+  // The dtype whose unit roundoff u the Σ|terms| bound uses; std::nullopt: each compared
+  // tensor's own dtype. A float32 gradient computed through a bf16 chain (the MoE scores in a
+  // bf16 run) carries the chain's roundings, so its bound takes bf16's u.
+  std::optional<DType> terms_dtype;
 };
 
 using BuildFn = std::function<std::vector<ValueId>(Builder&, const std::vector<ValueId>&)>;
