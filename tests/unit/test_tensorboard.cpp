@@ -42,7 +42,8 @@ TEST_F(TensorBoardTest, WriterRecordsReadBack) {
   {
     TensorBoardWriter w((dir_ / "tb/run").string());
     w.add_scalars(1, {{"loss", 2.5}, {"grad_norm", 0.125}});
-    w.add_scalars(7, {{"loss", -1.0 / 3.0}});
+    // A 0.0 must be on the wire (TensorBoard drops a value whose simple_value is absent).
+    w.add_scalars(7, {{"loss", -1.0 / 3.0}, {"moe/layers.4/load_min", 0.0}});
     path = w.path();
   }
   EXPECT_NE(fs::path(path).filename().string().find("events.out.tfevents."), std::string::npos);
@@ -54,6 +55,8 @@ TEST_F(TensorBoardTest, WriterRecordsReadBack) {
   EXPECT_EQ(ev[1].scalars, (std::map<std::string, float>{{"grad_norm", 0.125f}, {"loss", 2.5f}}));
   EXPECT_EQ(ev[2].step, 7);
   EXPECT_EQ(ev[2].scalars.at("loss"), float(-1.0 / 3.0));
+  ASSERT_EQ(ev[2].scalars.count("moe/layers.4/load_min"), 1u) << "a zero value was not written";
+  EXPECT_EQ(ev[2].scalars.at("moe/layers.4/load_min"), 0.0f);
   EXPECT_GT(ev[2].wall_time, 1.6e9);  // seconds since the epoch
 }
 

@@ -151,7 +151,8 @@ std::vector<TensorBoardEvent> read_tensorboard_events(const std::string& path) {
     ev.step = e.step();
     if (e.has_file_version()) ev.file_version = e.file_version();
     if (e.has_summary())
-      for (const tb::SummaryValue& v : e.summary().value()) ev.scalars[v.tag()] = v.simple_value();
+      for (const tb::SummaryValue& v : e.summary().value())
+        if (v.has_simple_value()) ev.scalars[v.tag()] = v.simple_value();
     out.push_back(std::move(ev));
     at += 12 + len + 4;
   }
