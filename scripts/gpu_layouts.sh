@@ -37,6 +37,8 @@ run_layouts() {
   local dir=$OUT/layouts common="" name np rest
   mkdir -p "$dir"
   export OPENBLAS_NUM_THREADS=1
+  # Ranks waiting in MPI (while rank 0 runs the reference) yield their core to the others.
+  export OMPI_MCA_mpi_yield_when_idle=1
   local ngpu; ngpu=$(gpu_count)
   echo "== layouts: $ngpu GPU(s) visible; at most $budget ranks at once; $limit s per job =="
   local -a names=() pids=() nps=()
@@ -129,10 +131,11 @@ run_traces() {
       fails=$((fails + 1))
     fi
   fi
-  local spec name np rest share
-  for spec in "fsdp2_tp2_ep2 4 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.expert_parallel_degree 2" \
-              "hsdp2x2_tp2_ep2 8 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.expert_parallel_degree 2"; do
-    read -r name np rest <<< "$spec"
+  local spec name np tracks rest share
+  # NAME RANKS TRACKS ARGS: the tracks every rank's trace must hold.
+  for spec in "fsdp2_tp2_ep2 4 compute,fsdp,tp,ep,efsdp --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.expert_parallel_degree 2" \
+              "hsdp2x2_tp2_ep2 8 compute,fsdp,tp,ep,efsdp,dp_replicate --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.expert_parallel_degree 2"; do
+    read -r name np tracks rest <<< "$spec"
     share=$(share_for "$np")
     local -a flag=(); [ "$share" = 1 ] && flag=(--share-gpu)
     echo "== traces: $name ($np ranks${flag:+, --share-gpu}) =="
@@ -144,8 +147,10 @@ run_traces() {
     fi
     grep -m1 "gpu sharing" "$OUT/traces/$name.log" || true
     grep "^step: " "$OUT/traces/$name.log" | tail -2 || true
-    python3 "$ROOT/scripts/trace_summary.py" "$OUT/traces/$name/profile_traces/iteration_4" \
-      | tee "$OUT/traces/$name.summary.txt" || fails=$((fails + 1))
+    python3 "$ROOT/scripts/trace_summary.py" --expect-tracks "$tracks" \
+      "$OUT/traces/$name/profile_traces/iteration_4" > "$OUT/traces/$name.summary.txt" ||
+      fails=$((fails + 1))
+    cat "$OUT/traces/$name.summary.txt"
   done
   [ "$fails" -eq 0 ]
 }

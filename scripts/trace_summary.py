@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Summarises meshtrain's per-rank Chrome traces (train/profiler: one track per stream).
 
-    scripts/trace_summary.py DIR_OR_FILES...   (DIR: an iteration_<step> folder of rankR_trace.json)
+    scripts/trace_summary.py [--expect-tracks a,b,...] DIR_OR_FILES...
+        (DIR: an iteration_<step> folder of rankR_trace.json)
 
 For every rank and track (compute, and one per communication group): event count, busy time (the
 union of its events), share of the step, the time a communication track overlaps compute, and
-its most frequent ops. Standard library only. Exit status 1 when no trace is found.
+its most frequent ops. Standard library only. Exit status 1 when no trace is found, or when
+--expect-tracks names a track that some rank's trace lacks (or holds no events).
 """
 import collections
 import glob
@@ -61,11 +63,14 @@ def load(path):
     return rank, names, per_track
 
 
-def summarise(path):
+def summarise(path, expect=()):
+    """The summary text of one trace, and the expected tracks it lacks."""
     rank, names, per_track = load(path)
+    present = {names.get(tid, f"stream {tid}") for tid in per_track}
+    missing = [t for t in expect if t not in present]
     all_spans = [(ev["ts"], ev["ts"] + ev["dur"]) for evs in per_track.values() for ev in evs]
     if not all_spans:
-        return f"rank {rank}: no events in {path}\n"
+        return f"rank {rank}: no events in {path}\n", list(expect)
     step_us = max(e for _, e in all_spans) - min(s for s, _ in all_spans)
     merged = {tid: union((ev["ts"], ev["ts"] + ev["dur"]) for ev in evs)
               for tid, evs in per_track.items()}
@@ -84,23 +89,34 @@ def summarise(path):
         ops_text = ", ".join(f"{op} x{n}" for op, n in ops)
         lines.append(f"  {name:<14} {len(evs):>7} {busy / 1e3:>9.3f} "
                      f"{100 * busy / max(step_us, 1e-9):>7.1f}% {overlap:>20}  {ops_text}")
-    return "\n".join(lines) + "\n"
+    if missing:
+        lines.append(f"  MISSING tracks: {', '.join(missing)}")
+    return "\n".join(lines) + "\n", missing
 
 
 def main(argv):
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if len(argv) >= 2 else 2
+    args, expect = argv[1:], []
+    if args[0] == "--expect-tracks" and len(args) >= 2:
+        expect = [t for t in args[1].split(",") if t]
+        args = args[2:]
     files = []
-    for a in argv[1:]:
+    for a in args:
         files += sorted(glob.glob(os.path.join(a, "rank*_trace.json"))) if os.path.isdir(a) else [a]
     files.sort(key=lambda p: (len(p), p))  # rank2 before rank10
     if not files:
-        print(f"trace_summary: no rank*_trace.json under {' '.join(argv[1:])}", file=sys.stderr)
+        print(f"trace_summary: no rank*_trace.json under {' '.join(args)}", file=sys.stderr)
         return 1
+    lacking = 0
     for f in files:
-        sys.stdout.write(summarise(f))
-    return 0
+        text, missing = summarise(f, expect)
+        sys.stdout.write(text)
+        lacking += bool(missing)
+    if expect:
+        print(f"tracks {','.join(expect)}: present on {len(files) - lacking} of {len(files)} ranks")
+    return 1 if lacking else 0
 
 
 if __name__ == "__main__":
