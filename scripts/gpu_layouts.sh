@@ -75,7 +75,7 @@ run_layouts() {
   local tsv=$OUT/layouts.tsv fails=0 rc secs share line
   printf 'layout\tranks\tmode\tprecision\tstatus\tloss\tgrad_norm\tmean_loss\tparam\ttol\tseconds\n' > "$tsv"
   echo
-  echo "== layouts vs the 1-rank CUDA run: worst relative loss / grad norm over 20 steps, final params =="
+  echo "== layouts vs the 1-rank CUDA run: worst relative loss / grad norm per step, final params =="
   for name in "${names[@]}"; do
     read -r rc secs share < "$dir/$name.rc" || { rc=1; secs=0; share=?; }
     local mode; mode=$([ "$share" = 1 ] && echo shared || echo gpu_per_rank)

@@ -39,7 +39,9 @@ TEST(GpuSharing, SwitchValues) {
   EXPECT_FALSE(share_gpu_requested(fake({{"MESHTRAIN_SHARE_GPU", "Off"}})));
   EXPECT_TRUE(share_gpu_requested(fake({{"MESHTRAIN_SHARE_GPU", "1"}})));
   EXPECT_TRUE(share_gpu_requested(fake({{"MESHTRAIN_SHARE_GPU", "TRUE"}})));
-  EXPECT_EQ(config_error([] { share_gpu_requested(fake({{"MESHTRAIN_SHARE_GPU", "2"}})); }),
+  EXPECT_EQ(config_error([] {
+              share_gpu_requested(fake({{"MESHTRAIN_SHARE_GPU", "2"}}));
+            }),
             "MESHTRAIN_SHARE_GPU must be 1 (ranks share GPUs: a test setup) or 0, found '2'; "
             "`meshtrain train --share-gpu` sets it");
 }
@@ -58,7 +60,8 @@ TEST(GpuSharing, NcclEnvironmentPerRank) {
   EXPECT_NE(share_gpu_nccl_env(0, fake({}))[0], share_gpu_nccl_env(1, fake({}))[0]);
   // What the user set stays theirs (an interface other than lo, their own host ids).
   const Vars user = share_gpu_nccl_env(
-      1, fake({{"NCCL_SOCKET_IFNAME", "eth0"}, {"NCCL_HOSTID", "mine-1"}, {"NCCL_NVLS_ENABLE", ""}}));
+      1,
+      fake({{"NCCL_SOCKET_IFNAME", "eth0"}, {"NCCL_HOSTID", "mine-1"}, {"NCCL_NVLS_ENABLE", ""}}));
   for (const auto& [k, v] : user) {
     EXPECT_NE(k, "NCCL_SOCKET_IFNAME");
     EXPECT_NE(k, "NCCL_HOSTID");

@@ -141,8 +141,9 @@ std::vector<std::string> local_launch_command(const std::string& mpirun, int npr
                                               bool share_gpu = false);
 // Re-executes this binary (/proc/self/exe) under mpirun with N ranks, passing argv minus
 // --nproc, waits and returns its exit code (128 + signal if it was killed). Exports
-// OPENBLAS_NUM_THREADS=1 unless already set, and forwards MESHTRAIN_SHARE_GPU when set. ConfigError when mpirun is not on PATH, when
-// nproc < 1, or when this process was itself launched by mpirun/torchrun/srun.
+// OPENBLAS_NUM_THREADS=1 unless already set, and forwards MESHTRAIN_SHARE_GPU when set. ConfigError
+// when mpirun is not on PATH, when nproc < 1, or when this process was itself launched by
+// mpirun/torchrun/srun.
 int launch_local(int nproc, int argc, char** argv);
 
 }  // namespace meshtrain

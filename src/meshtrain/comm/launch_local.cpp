@@ -128,9 +128,8 @@ int launch_local(int nproc, int argc, char** argv) {
 
   // One BLAS thread per rank unless the user chose otherwise: N ranks already fill the cores.
   ::setenv("OPENBLAS_NUM_THREADS", "1", 0);
-  std::vector<std::string> cmd =
-      local_launch_command(mpirun, nproc, exe, args_without_nproc(argc, argv), ::geteuid() == 0,
-                           share_gpu_requested());
+  std::vector<std::string> cmd = local_launch_command(
+      mpirun, nproc, exe, args_without_nproc(argc, argv), ::geteuid() == 0, share_gpu_requested());
   std::vector<char*> cargv;
   for (auto& s : cmd) cargv.push_back(s.data());
   cargv.push_back(nullptr);

@@ -26,7 +26,7 @@ bool share_gpu_requested() {
 }
 
 std::vector<std::pair<std::string, std::string>> share_gpu_nccl_env(int rank,
-                                                                     const EnvLookup& env) {
+                                                                    const EnvLookup& env) {
   const std::vector<std::pair<std::string, std::string>> wanted = {
       // Each rank a host of its own: NCCL then never sees two ranks of one host on one GPU.
       {"NCCL_HOSTID", "meshtrain-share-" + std::to_string(rank)},

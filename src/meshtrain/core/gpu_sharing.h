@@ -28,8 +28,7 @@ bool share_gpu_requested();  // from the process environment
 // The NCCL variables a rank sets in shared mode, minus those `env` already has: NCCL_HOSTID
 // ("meshtrain-share-<rank>"), NCCL_NET=Socket, NCCL_SOCKET_IFNAME=lo, NCCL_P2P_DISABLE=1,
 // NCCL_SHM_DISABLE=1, NCCL_IB_DISABLE=1, NCCL_NVLS_ENABLE=0.
-std::vector<std::pair<std::string, std::string>> share_gpu_nccl_env(int rank,
-                                                                     const EnvLookup& env);
+std::vector<std::pair<std::string, std::string>> share_gpu_nccl_env(int rank, const EnvLookup& env);
 // Sets share_gpu_nccl_env(rank, process environment) with setenv. Call before NCCL starts.
 void apply_share_gpu_env(int rank);
 

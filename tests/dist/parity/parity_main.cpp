@@ -110,11 +110,10 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
         "1", "--parallelism.expert_parallel_degree", "1",
         "--parallelism.expert_tensor_parallel_degree", "1"})
     one.push_back(kv);
-  for (const std::string& kv :
-       {std::string("--training.local_batch_size"),
-        std::to_string(par.training.local_batch_size * dp),
-        std::string("--training.global_batch_size"),
-        std::to_string(par.training.local_batch_size * dp * accum)})
+  for (const std::string& kv : {std::string("--training.local_batch_size"),
+                                std::to_string(par.training.local_batch_size * dp),
+                                std::string("--training.global_batch_size"),
+                                std::to_string(par.training.local_batch_size * dp * accum)})
     one.push_back(kv);
   JobConfig ref_cfg = job(o, one);
   std::unique_ptr<Communicator> self = world.split(rank, 0, "self");
@@ -168,7 +167,7 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
 int main(int argc, char** argv) {
   Runtime rt(&argc, &argv);
   Options o = parse(argc, argv);
-  Communicator& host_comm = rt.world();  // MPI: host tensors
+  Communicator& host_comm = rt.world();                      // MPI: host tensors
   std::unique_ptr<Backend> host = create_backend("cpu", 0);  // stream for host-side collectives
   const int rank = host_comm.rank();
   int failures = 0;
@@ -211,8 +210,8 @@ int main(int argc, char** argv) {
         std::vector<std::string> extra;
         if (!p.empty()) extra = {"--training.mixed_precision_param", p};
         if (rank == 0 && !p.empty()) std::printf("== %s, %s ==\n", o.name.c_str(), p.c_str());
-        const Figures f = check_layout(o, extra, tol, mean_tol, rt.launch(), world, host_comm,
-                                       *host);
+        const Figures f =
+            check_layout(o, extra, tol, mean_tol, rt.launch(), world, host_comm, *host);
         failures += f.failures;
         if (rank == 0) {
           std::printf(
