@@ -3,6 +3,7 @@
 // a multi-rank run the failing rank aborts the job so no rank hangs.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -34,10 +35,12 @@ struct Command {
   bool config_keys;
 };
 const Command kCommands[] = {
-    {"train", "train --config FILE [--nproc N] [--section.key VALUE ...]",
+    {"train", "train --config FILE [--nproc N [--share-gpu]] [--section.key VALUE ...]",
      "train a model; --nproc N starts N local ranks (mpirun -np N, srun, torchrun also work)",
      "  --config FILE     TOML job config (torchtitan's sections; also --job.config_file)\n"
-     "  --nproc N         start N local ranks under mpirun\n",
+     "  --nproc N         start N local ranks under mpirun\n"
+     "  --share-gpu       let ranks share GPUs (a test setup: NCCL over sockets on lo, exact\n"
+     "                    results, slow communication); MESHTRAIN_SHARE_GPU=1 does the same\n",
      true},
     {"plan",
      "plan --config FILE [--hf-config PATH] [--world N] [--rank R] [--dump-graph] "
@@ -148,7 +151,10 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& own_optio
 }
 
 int run_train(int argc, char** argv) {
-  Args a = parse_args(argc, argv, {"--nproc"});
+  Args a = parse_args(argc, argv, {"--nproc"}, {"--share-gpu"});
+  // The switch travels as an environment variable: launch_local forwards it to every rank, and
+  // each rank's Runtime sets its NCCL variables from it before NCCL starts.
+  if (a.options.count("--share-gpu")) ::setenv(meshtrain::kShareGpuVar, "1", /*overwrite=*/1);
   if (a.options.count("--nproc")) {
     int n = std::stoi(a.options["--nproc"]);
     MT_CHECK_T(ConfigError, n >= 1, "--nproc expects a positive rank count, found {}", n);

@@ -11,19 +11,46 @@
 #                                   build-cuda/tests/meshtrain_cuda_tests with
 #                                   --gtest_output=json:$OUT/cuda_tests.json, prints a summary
 #
+#   scripts/gpu_test.sh pack DIR    on the build machine: the bundle, then it and the binaries
+#                                   (meshtrain, the CUDA tests, the parity test; stripped) in
+#                                   DIR/pack.tar.xz with build-cuda's layout (~17 MiB); carry DIR
+#                                   and set MESHTRAIN_GPU_BIN_DIR=DIR there (unpacked on first use)
+#   scripts/gpu_test.sh layouts [REGEX]
+#                                   on the GPU machine: the seed's layouts over NCCL
+#                                   (tests/dist/parity/cuda_layouts.txt, or those whose name
+#                                   matches REGEX), float32 and bfloat16 against the 1-rank CUDA
+#                                   run; one GPU per rank when the machine has enough, else the
+#                                   ranks share GPUs (MESHTRAIN_SHARE_GPU=1). Prints one line per
+#                                   layout and precision, writes $OUT/layouts.tsv and .json
+#   scripts/gpu_test.sh traces      on the GPU machine: profiled FSDP 2 + TP 2 + EP 2 and HSDP
+#                                   2x2 + TP 2 + EP 2 runs, per-rank Chrome traces under
+#                                   $OUT/traces, summarised by scripts/trace_summary.py
+#
 # What to carry to the GPU machine: build-cuda/tests/meshtrain_cuda_tests and build-cuda/bundle
-# (about 50 MiB together); the rest of build-cuda is object files.
+# (about 50 MiB together); the rest of build-cuda is object files. For layouts and traces: the
+# folder `pack` made. MESHTRAIN_LAYOUT_RANKS (default 8) bounds the ranks of the layout jobs that
+# run at once; MESHTRAIN_LAYOUT_TIMEOUT (default 540 s) bounds each job; MESHTRAIN_LAYOUT_TABLE and
+# MESHTRAIN_LAYOUT_PRECISIONS replace the table and the precisions (a CPU dry run of the mode).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${MESHTRAIN_CUDA_TESTS:-$ROOT/build-cuda/tests/meshtrain_cuda_tests}
-BUNDLE=$ROOT/build-cuda/bundle
+BIN_DIR=${MESHTRAIN_GPU_BIN_DIR:-$ROOT/build-cuda}
+case "$BIN_DIR" in /*) ;; *) BIN_DIR=$ROOT/$BIN_DIR ;; esac
+BIN=${MESHTRAIN_CUDA_TESTS:-$BIN_DIR/tests/meshtrain_cuda_tests}
+BUNDLE=$BIN_DIR/bundle
+MODE=${1:-}
 
-if [ "${1:-}" = "bundle" ]; then
+if [ "$MODE" = "bundle" ] || [ "$MODE" = "pack" ]; then
+  if [ "$MODE" = "pack" ]; then
+    [ -n "${2:-}" ] || { echo "gpu_test.sh pack DIR: DIR missing" >&2; exit 2; }
+    BIN_DIR=$ROOT/build-cuda; BIN=$BIN_DIR/tests/meshtrain_cuda_tests; BUNDLE=$BIN_DIR/bundle
+  fi
   [ -x "$BIN" ] || { echo "gpu_test.sh: $BIN is not built (ninja -C build-cuda meshtrain_cuda_tests)" >&2; exit 2; }
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/stdcxx"
-  ldd "$BIN" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
+  for exe in "$BIN" "$BIN_DIR/meshtrain" "$BIN_DIR/tests/dist/meshtrain_dist_parity"; do
+    [ -x "$exe" ] && ldd "$exe"
+  done | awk '$3 ~ /^\// {print $1, $3}' | sort -u | while read -r name path; do
     case "$name" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libnvidia*) continue ;;
       libcublas*|libnccl*|libcudnn*) continue ;;  # hundreds of MiB; the GPU image has them
@@ -34,9 +61,30 @@ if [ "${1:-}" = "bundle" ]; then
   done
   du -sh "$BUNDLE"
   ls "$BUNDLE"
+  if [ "$MODE" = "pack" ]; then
+    dest=$2
+    stage=$(mktemp -d)
+    mkdir -p "$stage/tests/dist" "$dest"
+    cp -r "$BUNDLE" "$stage/bundle"
+    for rel in meshtrain tests/meshtrain_cuda_tests tests/dist/meshtrain_dist_parity; do
+      [ -x "$BIN_DIR/$rel" ] || { echo "gpu_test.sh: $BIN_DIR/$rel is not built" >&2; exit 2; }
+      strip -o "$stage/$rel" "$BIN_DIR/$rel"
+    done
+    # Compressed: the binaries and the bundle are ~80 MiB, over what a call carries (64 MiB).
+    tar -C "$stage" -cJf "$dest/pack.tar.xz" .
+    rm -rf "$stage"
+    du -sh "$dest/pack.tar.xz"
+  fi
   exit 0
 fi
 
+# A folder `pack` made holds pack.tar.xz: unpack it in place once.
+if [ -f "$BIN_DIR/pack.tar.xz" ] && [ ! -x "$BIN_DIR/tests/dist/meshtrain_dist_parity" ]; then
+  tar -C "$BIN_DIR" -xJf "$BIN_DIR/pack.tar.xz"
+fi
+if [ "$MODE" = "layouts" ] || [ "$MODE" = "traces" ]; then
+  BIN=$BIN_DIR/tests/dist/meshtrain_dist_parity  # the libraries below are the same for meshtrain
+fi
 [ -x "$BIN" ] || { echo "gpu_test.sh: $BIN not found: build it on the build machine and carry it" >&2; exit 2; }
 OUT=${OUT:-$ROOT/gpu_test_out}
 mkdir -p "$OUT"
@@ -70,14 +118,19 @@ if [ -n "$still" ]; then
   exit 2
 fi
 
-# The build's C++ runtime only if the system's is too old to load the binary.
-if ! "$BIN" --gtest_list_tests >/dev/null 2>"$OUT/load_check.txt"; then
-  if grep -q "GLIBCXX\|CXXABI\|GCC_" "$OUT/load_check.txt"; then
-    export LD_LIBRARY_PATH="$BUNDLE/stdcxx:$LD_LIBRARY_PATH"
-  fi
+# The build's C++ runtime only if the system's is too old to load the binary (ldd names the
+# missing symbol versions).
+if ldd "$BIN" 2>&1 | grep -q "GLIBCXX\|CXXABI\|GCC_"; then
+  export LD_LIBRARY_PATH="$BUNDLE/stdcxx:$LD_LIBRARY_PATH"
 fi
 nvidia-smi -L 2>/dev/null || echo "gpu_test.sh: nvidia-smi not available"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+if [ "$MODE" = "layouts" ] || [ "$MODE" = "traces" ]; then
+  # shellcheck source=scripts/gpu_layouts.sh
+  . "$ROOT/scripts/gpu_layouts.sh"
+  if [ "$MODE" = "layouts" ]; then run_layouts "${2:-}"; else run_traces; fi
+  exit $?
+fi
 set +e
 "$BIN" --gtest_output=json:"$OUT/cuda_tests.json" "$@" 2>&1 | tee "$OUT/cuda_tests.log"
 rc=${PIPESTATUS[0]}

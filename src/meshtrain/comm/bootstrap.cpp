@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 
 #include "meshtrain/comm/mpi/mpi_check.h"
 #include "meshtrain/comm/mpi/mpi_communicator.h"
@@ -175,6 +176,8 @@ Runtime::Runtime(int* argc, char*** argv) : Runtime(argc, argv, detect_launch())
 Runtime::Runtime(int* argc, char*** argv, const LaunchInfo& info)
     : info_(info), uncaught_at_start_(std::uncaught_exceptions()) {
   validate(info_);
+  // Shared-GPU test mode: the NCCL variables must be in place before NCCL reads them.
+  if (share_gpu_requested()) apply_share_gpu_env(info_.rank);
   bool expected = false;
   MT_CHECK_T(ConfigError, g_runtime_alive.compare_exchange_strong(expected, true),
              "a meshtrain Runtime already exists in this process; create exactly one in main()");
@@ -275,6 +278,20 @@ Communicator& Runtime::world(const std::string& backend) {
            "backend '{}' made a world of {} ranks, launch says {}", backend,
            comm ? comm->size() : 0, info_.world_size);
   return *backend_worlds_.emplace(backend, std::move(comm)).first->second;
+}
+
+void check_one_rank_per_gpu(const std::vector<uint64_t>& gpu_keys, const std::string& this_gpu,
+                            int visible_gpus) {
+  std::map<uint64_t, int> first_rank;
+  for (int r = 0; r < int(gpu_keys.size()); ++r) {
+    auto [it, fresh] = first_rank.emplace(gpu_keys[size_t(r)], r);
+    MT_CHECK_T(ConfigError, fresh,
+               "ranks {} and {} use the same GPU on the same host (this rank: {}; {} GPU(s) "
+               "visible), which NCCL refuses (\"Duplicate GPU detected\"): start at most {} "
+               "ranks per node, one GPU each, or, for a test, let the ranks share GPUs: "
+               "`meshtrain train --nproc N --share-gpu` (under mpirun: -x {}=1)",
+               it->second, r, this_gpu, visible_gpus, visible_gpus, kShareGpuVar);
+  }
 }
 
 void abort_all(int code) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/core/gpu_sharing.h"
 
 namespace meshtrain {
 
@@ -39,8 +40,7 @@ struct LaunchInfo {
   std::string describe() const;
 };
 
-// Returns the variable's value or nullptr; tests pass a fake environment.
-using EnvLookup = std::function<const char*(const char*)>;
+// EnvLookup (core/gpu_sharing.h): the variable's value or nullptr; tests pass a fake environment.
 // Precedence: OpenMPI (OMPI_COMM_WORLD_*) > torchrun (RANK/WORLD_SIZE/...) > Slurm
 // (SLURM_PROCID/SLURM_STEP_NUM_TASKS or SLURM_NTASKS/SLURM_LOCALID/...) > none. A torchrun or
 // mpirun inside a Slurm allocation is what launched us, so its variables win. Malformed or
@@ -62,7 +62,9 @@ using CommBackendFactory = std::function<std::unique_ptr<Communicator>(Runtime&)
 void register_comm_backend(const std::string& name, CommBackendFactory factory);
 std::vector<std::string> available_comm_backends();  // always includes "mpi"
 
-// One per process, alive for the whole of main(). Initialises MPI (MPI_THREAD_FUNNELED: only
+// One per process, alive for the whole of main(). In the shared-GPU test mode
+// (MESHTRAIN_SHARE_GPU=1, core/gpu_sharing.h) it first sets this rank's NCCL variables, before
+// anything can start NCCL. Initialises MPI (MPI_THREAD_FUNNELED: only
 // the main thread calls MPI) when launched by mpirun, by srun (OpenMPI's direct launch; the MPI
 // world size is checked against Slurm's), or as a single process (OpenMPI singleton mode).
 // Sets the rank that errors and logs name, and finalises MPI in the destructor after freeing
@@ -102,6 +104,15 @@ class Runtime {
   std::map<std::string, std::unique_ptr<Communicator>> backend_worlds_;
 };
 
+// One rank per GPU unless the ranks share GPUs on purpose. `gpu_keys[r]` identifies rank r's GPU
+// as NCCL sees it: a hash of its host identity (NCCL_HOSTID when set, else the host name) and
+// the GPU's PCI bus id. ConfigError naming the first two ranks with the same key -- NCCL would
+// fail there with "Duplicate GPU detected" -- that says how many GPUs this process sees
+// (`this_gpu` describes this rank's) and suggests --share-gpu. The nccl backend calls it on the
+// gathered keys, so every rank throws the same error.
+void check_one_rank_per_gpu(const std::vector<uint64_t>& gpu_keys, const std::string& this_gpu,
+                            int visible_gpus);
+
 // Ends every rank of the job now: MPI_Abort on the world when MPI is up, else _exit(code).
 // A rank that throws while its peers sit in a collective would otherwise hang the job, so
 // main() catches, prints its one-line error, flushes, and calls abort_all(1) when the world
@@ -123,14 +134,16 @@ std::vector<std::string> args_without_nproc(int argc, char** argv);
 // executable); empty when not found.
 std::string find_on_path(const std::string& program);
 // The command launch_local runs: mpirun -np N --oversubscribe [--allow-run-as-root]
-// --bind-to none -x OPENBLAS_NUM_THREADS <exe> <args...>.
+// --bind-to none -x OPENBLAS_NUM_THREADS [-x MESHTRAIN_SHARE_GPU] <exe> <args...>.
 std::vector<std::string> local_launch_command(const std::string& mpirun, int nproc,
                                               const std::string& exe,
-                                              const std::vector<std::string>& args, bool as_root);
+                                              const std::vector<std::string>& args, bool as_root,
+                                              bool share_gpu = false);
 // Re-executes this binary (/proc/self/exe) under mpirun with N ranks, passing argv minus
 // --nproc, waits and returns its exit code (128 + signal if it was killed). Exports
-// OPENBLAS_NUM_THREADS=1 unless already set. ConfigError when mpirun is not on PATH, when
-// nproc < 1, or when this process was itself launched by mpirun/torchrun/srun.
+// OPENBLAS_NUM_THREADS=1 unless already set, and forwards MESHTRAIN_SHARE_GPU when set. ConfigError
+// when mpirun is not on PATH, when nproc < 1, or when this process was itself launched by
+// mpirun/torchrun/srun.
 int launch_local(int nproc, int argc, char** argv);
 
 }  // namespace meshtrain

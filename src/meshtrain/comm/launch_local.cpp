@@ -93,11 +93,14 @@ std::string find_on_path(const std::string& program) {
 
 std::vector<std::string> local_launch_command(const std::string& mpirun, int nproc,
                                               const std::string& exe,
-                                              const std::vector<std::string>& args, bool as_root) {
+                                              const std::vector<std::string>& args, bool as_root,
+                                              bool share_gpu) {
   std::vector<std::string> cmd{mpirun, "-np", std::to_string(nproc), "--oversubscribe"};
   if (as_root) cmd.push_back("--allow-run-as-root");
   // Ranks may outnumber cores on a laptop; binding would stack them on the same core.
   for (const char* a : {"--bind-to", "none", "-x", "OPENBLAS_NUM_THREADS"}) cmd.push_back(a);
+  // Every rank sets its own NCCL variables from the switch (Runtime), remote nodes included.
+  if (share_gpu) cmd.insert(cmd.end(), {"-x", kShareGpuVar});
   cmd.push_back(exe);
   cmd.insert(cmd.end(), args.begin(), args.end());
   return cmd;
@@ -125,8 +128,8 @@ int launch_local(int nproc, int argc, char** argv) {
 
   // One BLAS thread per rank unless the user chose otherwise: N ranks already fill the cores.
   ::setenv("OPENBLAS_NUM_THREADS", "1", 0);
-  std::vector<std::string> cmd =
-      local_launch_command(mpirun, nproc, exe, args_without_nproc(argc, argv), ::geteuid() == 0);
+  std::vector<std::string> cmd = local_launch_command(
+      mpirun, nproc, exe, args_without_nproc(argc, argv), ::geteuid() == 0, share_gpu_requested());
   std::vector<char*> cargv;
   for (auto& s : cmd) cargv.push_back(s.data());
   cargv.push_back(nullptr);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "meshtrain/core/gpu_sharing.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/data/parallel_encode.h"
 #include "meshtrain/parallel/mesh_groups.h"
@@ -75,6 +76,14 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   master_dtype_ = parse_dtype(cfg_.training.master_dtype);
   reduce_dtype_ = parse_dtype(cfg_.training.mixed_precision_reduce);
   backend_ = create_backend(device, launch_.local_rank);
+  // --share-gpu only changes how NCCL ranks find each other; CPU ranks run over MPI, which
+  // already runs any number of ranks on one host. Accepted (the same test command serves both
+  // devices) and said once.
+  if (share_gpu_requested() && device == "cpu")
+    notes_.push_back(fmt::format(
+        "--share-gpu ({}=1) has no effect with [job] device = \"cpu\": CPU ranks communicate "
+        "over MPI, which runs any number of ranks on one host",
+        kShareGpuVar));
 
   // Mesh: one communicator per named group, over the world communicator of this device's backend.
   ParallelDims dims = parallel_dims_of(cfg_, world_size_);
@@ -246,6 +255,12 @@ void Trainer::log_startup() const {
   const MemoryPlan& mp = exec_->plan();
   log_info("meshtrain | device {} | world {} ({} launch)", backend_->description(), world_size_,
            launch_.launcher);
+  if (share_gpu_requested() && backend_->device().is_cuda())
+    log_info(
+        "gpu sharing: the {} ranks of this node share GPU {} (rank {}'s; with several GPUs local "
+        "rank r takes GPU r % GPUs) through {}=1: NCCL runs over sockets on lo, each rank its own "
+        "NCCL_HOSTID; results are exact, communication speed is not representative",
+        launch_.local_world_size, backend_->device().index, rank_, kShareGpuVar);
   for (const std::string& note : cfg_.notes) log_info("config: {}", note);
   for (const std::string& note : notes_) log_info("note: {}", note);
   if (cfg_.job.print_config) log_info("config:\n{}", job_config_to_values(cfg_).to_toml());

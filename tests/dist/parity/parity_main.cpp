@@ -4,6 +4,10 @@
 // norms and the final parameters (each rank's shard against the same slice of the reference,
 // padding rows must stay zero) must agree within --tol (relative). --compare-reshard instead
 // runs the layout with fsdp_reshard_after_forward never and always and requires equal losses.
+// On CUDA (--job.device cuda) the trainers run over the nccl world and the comparisons over MPI;
+// --precisions float32,bfloat16 runs the check once per compute dtype (bf16: every step within
+// --bf16-tol, the mean loss difference within --bf16-mean-tol, parameters within --bf16-tol), and
+// each precision prints one `LAYOUT <name> <precision> PASS|FAIL ...` line with the worst figures.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -21,9 +25,26 @@ namespace {
 struct Options {
   int steps = 20;
   double tol = 1e-5;
+  // bf16 runs against the 1-rank bf16 run: the DeepSeek-V3 tracking bar of
+  // tests/cuda/test_cuda_training.cpp (per step 1e-2, mean over the run 3e-3).
+  double bf16_tol = 1e-2, bf16_mean_tol = 3e-3;
   bool compare_reshard = false;
+  std::string name = "layout";
+  std::vector<std::string> precisions;  // empty: the config's own mixed_precision_param
   std::vector<std::string> overrides;
 };
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -33,6 +54,14 @@ Options parse(int argc, char** argv) {
       o.steps = std::stoi(argv[++i]);
     else if (a == "--tol")
       o.tol = std::stod(argv[++i]);
+    else if (a == "--bf16-tol")
+      o.bf16_tol = std::stod(argv[++i]);
+    else if (a == "--bf16-mean-tol")
+      o.bf16_mean_tol = std::stod(argv[++i]);
+    else if (a == "--name")
+      o.name = argv[++i];
+    else if (a == "--precisions")
+      o.precisions = split_commas(argv[++i]);
     else if (a == "--compare-reshard")
       o.compare_reshard = true;
     else
@@ -49,17 +78,105 @@ using testing::rel;
 using testing::RunResult;
 RunResult run(Trainer& t, int steps) { return testing::run_steps(t, steps); }
 
+double all_reduce_host(Communicator& comm, Backend& host, double x, ReduceOp op) {
+  Tensor t = Tensor::from_vector(std::vector<double>{x}, Shape{1});
+  comm.all_reduce(t, op, host.stream(0));
+  return t.data<double>()[0];
+}
+
+// The worst figures of one layout against its 1-rank run; every rank holds the global ones.
+struct Figures {
+  double loss = 0, grad_norm = 0, mean_loss = 0, param = 0;
+  int failures = 0;
+};
+
+// One parallel run (trainers over `world`) against the 1-rank run of the same global batch on
+// rank 0; `host_comm` (MPI) carries the comparisons, whose tensors live on the host.
+Figures check_layout(const Options& o, const std::vector<std::string>& extra, double tol,
+                     double mean_tol, const LaunchInfo& launch, Communicator& world,
+                     Communicator& host_comm, Backend& host) {
+  const int rank = world.rank();
+  Figures f;
+  JobConfig par = job(o, extra);
+  Trainer dist(par, world, launch);
+  const int dp = dist.plan().group_size(MeshGroup::kDp);
+  const int64_t accum =
+      dist.tokens_per_step() / (par.training.local_batch_size * par.training.seq_len * dp);
+  // The reference: one rank, local batch × dp rows, the same number of micro-batches.
+  std::vector<std::string> one = extra;
+  for (const std::string& kv :
+       {"--parallelism.data_parallel_replicate_degree", "1",
+        "--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree",
+        "1", "--parallelism.expert_parallel_degree", "1",
+        "--parallelism.expert_tensor_parallel_degree", "1"})
+    one.push_back(kv);
+  for (const std::string& kv : {std::string("--training.local_batch_size"),
+                                std::to_string(par.training.local_batch_size * dp),
+                                std::string("--training.global_batch_size"),
+                                std::to_string(par.training.local_batch_size * dp * accum)})
+    one.push_back(kv);
+  JobConfig ref_cfg = job(o, one);
+  std::unique_ptr<Communicator> self = world.split(rank, 0, "self");
+  RunResult ref;
+  std::unique_ptr<Trainer> ref_trainer;
+  if (rank == 0) {
+    ref_trainer = std::make_unique<Trainer>(ref_cfg, *self, launch);
+    ref = run(*ref_trainer, o.steps);
+  }
+  // The other ranks wait here, on the host, while rank 0 runs the reference: inside the parallel
+  // run's first collective they would spin NCCL kernels on a GPU rank 0 may be sharing.
+  host_comm.barrier();
+  RunResult got = run(dist, o.steps);
+  if (rank == 0) {
+    double sum_loss = 0;
+    for (int s = 0; s < o.steps; ++s) {
+      double dl = rel(got.loss[size_t(s)], ref.loss[size_t(s)]);
+      double dn = rel(got.grad_norm[size_t(s)], ref.grad_norm[size_t(s)]);
+      f.loss = std::max(f.loss, dl);
+      f.grad_norm = std::max(f.grad_norm, dn);
+      sum_loss += dl;
+      std::printf(
+          "step %2d  loss %.10f (ref %.10f, rel %.2e)  grad_norm %.8f (ref %.8f, rel %.2e)\n",
+          s + 1, got.loss[size_t(s)], ref.loss[size_t(s)], dl, got.grad_norm[size_t(s)],
+          ref.grad_norm[size_t(s)], dn);
+      if (!(dl <= tol) || !(dn <= tol)) ++f.failures;
+    }
+    f.mean_loss = sum_loss / std::max(1, o.steps);
+    if (!(f.mean_loss <= mean_tol)) ++f.failures;
+    std::printf(
+        "max relative difference: loss %.3e, grad_norm %.3e (tolerance %.1e); mean loss %.3e "
+        "(tolerance %.1e)\n",
+        f.loss, f.grad_norm, tol, f.mean_loss, mean_tol);
+  }
+  // Final parameters: rank 0 broadcasts each reference tensor; every rank checks its shard.
+  const testing::ParamDiff pd = testing::compare_params(dist, ref_trainer.get(), host_comm, host);
+  if (!(pd.worst <= tol)) {
+    ++f.failures;
+    std::printf("rank %d: parameter %s differs by %.3e (tolerance %.1e)\n", rank, pd.where.c_str(),
+                pd.worst, tol);
+  }
+  f.param = all_reduce_host(host_comm, host, pd.worst, ReduceOp::kMax);
+  f.failures = int(all_reduce_host(host_comm, host, f.failures, ReduceOp::kSum));
+  if (rank == 0)
+    std::printf("final parameters: max relative difference %.3e over all ranks\n", f.param);
+  return f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Runtime rt(&argc, &argv);
   Options o = parse(argc, argv);
-  Communicator& world = rt.world();
+  Communicator& host_comm = rt.world();                      // MPI: host tensors
   std::unique_ptr<Backend> host = create_backend("cpu", 0);  // stream for host-side collectives
-  const int rank = world.rank();
+  const int rank = host_comm.rank();
   int failures = 0;
   try {
-    JobConfig par = job(o, {});
+    JobConfig probe = job(o, {});
+    const bool cuda = resolve_device(probe.job.device) == "cuda";
+    rt.set_comm_timeouts({.init_seconds = double(probe.comm.init_timeout_seconds),
+                          .train_seconds = double(probe.comm.train_timeout_seconds)});
+    Communicator& world = cuda ? rt.world("nccl") : host_comm;  // what the trainers run over
     if (o.compare_reshard) {
       JobConfig never = job(o, {"--parallelism.fsdp_reshard_after_forward", "never"});
       JobConfig always = job(o, {"--parallelism.fsdp_reshard_after_forward", "always"});
@@ -84,60 +201,26 @@ int main(int argc, char** argv) {
       if (rank == 0)
         std::printf("reshard never vs always: %d mismatching steps of %d\n", failures, o.steps);
     } else {
-      Trainer dist(par, world, rt.launch());
-      const int dp = dist.plan().group_size(MeshGroup::kDp);
-      const int64_t accum =
-          dist.tokens_per_step() / (par.training.local_batch_size * par.training.seq_len * dp);
-      // The reference: one rank, local batch × dp rows, the same number of micro-batches.
-      std::vector<std::string> one = {"--parallelism.data_parallel_replicate_degree",
-                                      "1",
-                                      "--parallelism.data_parallel_shard_degree",
-                                      "1",
-                                      "--parallelism.tensor_parallel_degree",
-                                      "1",
-                                      "--parallelism.expert_parallel_degree",
-                                      "1",
-                                      "--parallelism.expert_tensor_parallel_degree",
-                                      "1",
-                                      "--training.local_batch_size",
-                                      std::to_string(par.training.local_batch_size * dp),
-                                      "--training.global_batch_size",
-                                      std::to_string(par.training.local_batch_size * dp * accum)};
-      JobConfig ref_cfg = job(o, one);
-      std::unique_ptr<Communicator> self = world.split(rank, 0, "self");
-      RunResult ref;
-      std::unique_ptr<Trainer> ref_trainer;
-      if (rank == 0) {
-        ref_trainer = std::make_unique<Trainer>(ref_cfg, *self, rt.launch());
-        ref = run(*ref_trainer, o.steps);
-      }
-      RunResult got = run(dist, o.steps);
-      if (rank == 0) {
-        double worst_loss = 0, worst_norm = 0;
-        for (int s = 0; s < o.steps; ++s) {
-          double dl = rel(got.loss[size_t(s)], ref.loss[size_t(s)]);
-          double dn = rel(got.grad_norm[size_t(s)], ref.grad_norm[size_t(s)]);
-          worst_loss = std::max(worst_loss, dl);
-          worst_norm = std::max(worst_norm, dn);
+      std::vector<std::string> precisions = o.precisions;
+      if (precisions.empty()) precisions.push_back("");  // the config's own dtype
+      for (const std::string& p : precisions) {
+        const bool bf16 = p == "bfloat16" || p == "bf16";
+        const double tol = bf16 ? o.bf16_tol : o.tol;
+        const double mean_tol = bf16 ? o.bf16_mean_tol : o.tol;
+        std::vector<std::string> extra;
+        if (!p.empty()) extra = {"--training.mixed_precision_param", p};
+        if (rank == 0 && !p.empty()) std::printf("== %s, %s ==\n", o.name.c_str(), p.c_str());
+        const Figures f =
+            check_layout(o, extra, tol, mean_tol, rt.launch(), world, host_comm, *host);
+        failures += f.failures;
+        if (rank == 0) {
           std::printf(
-              "step %2d  loss %.10f (ref %.10f, rel %.2e)  grad_norm %.8f (ref %.8f, rel %.2e)\n",
-              s + 1, got.loss[size_t(s)], ref.loss[size_t(s)], dl, got.grad_norm[size_t(s)],
-              ref.grad_norm[size_t(s)], dn);
-          if (!(dl <= o.tol) || !(dn <= o.tol)) ++failures;
+              "LAYOUT %s %s %s ranks %d steps %d loss %.3e grad_norm %.3e mean_loss %.3e param "
+              "%.3e tol %.1e\n",
+              o.name.c_str(), p.empty() ? "default" : p.c_str(), f.failures == 0 ? "PASS" : "FAIL",
+              host_comm.size(), o.steps, f.loss, f.grad_norm, f.mean_loss, f.param, tol);
+          std::fflush(stdout);
         }
-        std::printf("max relative difference: loss %.3e, grad_norm %.3e (tolerance %.1e)\n",
-                    worst_loss, worst_norm, o.tol);
-      }
-      // Final parameters: rank 0 broadcasts each reference tensor; every rank checks its shard.
-      const testing::ParamDiff pd = testing::compare_params(dist, ref_trainer.get(), world, *host);
-      const double worst_param = pd.worst;
-      const std::string& worst_name = pd.where;
-      if (!(worst_param <= o.tol)) {
-        ++failures;
-        std::printf("rank %d: parameter %s differs by %.3e (tolerance %.1e)\n", rank,
-                    worst_name.c_str(), worst_param, o.tol);
-      } else if (rank == 0) {
-        std::printf("final parameters: max relative difference %.3e on rank 0\n", worst_param);
       }
     }
   } catch (const Error& e) {
@@ -145,9 +228,7 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     abort_all(2);
   }
-  Tensor f = Tensor::from_vector(std::vector<int32_t>{failures}, Shape{1});
-  world.all_reduce(f, ReduceOp::kSum, host->stream(0));
-  int total = f.data<int32_t>()[0];
-  if (rank == 0) std::printf("%s\n", total == 0 ? "PARITY OK" : "PARITY FAILED");
-  return total == 0 ? 0 : 1;
+  // Layout failures are already global; reshard mismatches are counted on every rank alike.
+  if (rank == 0) std::printf("%s\n", failures == 0 ? "PARITY OK" : "PARITY FAILED");
+  return failures == 0 ? 0 : 1;
 }

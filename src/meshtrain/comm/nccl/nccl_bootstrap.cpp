@@ -2,9 +2,13 @@
 // reaches every rank as comm/bootstrap.h describes: one rank alone makes its own; under an MPI
 // job rank 0 makes it and broadcasts it over the MPI world; without MPI (torchrun, srun) every
 // rank derives it from NCCL_COMM_ID (set from MASTER_ADDR:bootstrap_port when the launcher did
-// not set it), and NCCL's rank 0 hosts the rendezvous there.
+// not set it), and NCCL's rank 0 hosts the rendezvous there. Under MPI the ranks first check
+// that no two of them sit on one GPU unless they share it on purpose (--share-gpu).
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/comm/nccl/nccl_communicator.h"
@@ -51,6 +55,33 @@ ncclUniqueId unique_id_for(Runtime& rt) {
   return id;
 }
 
+// Two ranks of one host on one GPU fail inside NCCL with "Duplicate GPU detected" and no hint;
+// gather every rank's GPU identity over MPI first and say what to do instead.
+void check_gpu_per_rank(Runtime& rt, int device) {
+  if (!rt.mpi_initialized() || rt.world_size() == 1) return;
+  char bus[64] = {0};
+  CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), device));
+  char host[256] = {0};
+  const char* hostid = std::getenv("NCCL_HOSTID");
+  if (!hostid || !*hostid) {
+    ::gethostname(host, sizeof(host) - 1);
+    hostid = host;
+  }
+  int visible = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&visible));
+  std::vector<uint64_t> keys(size_t(rt.world_size()), 0);
+  keys[size_t(rt.rank())] = std::hash<std::string>{}(fmt::format("{}|{}", hostid, bus));
+  uint64_t mine = keys[size_t(rt.rank())];
+  Communicator& mpi = rt.world("mpi");
+  const Device cpu{DeviceType::kCPU, 0};
+  auto backend = create_backend("cpu", 0);
+  mpi.all_gather(Tensor::wrap(&mine, Shape{1}, DType::kI64, cpu),
+                 Tensor::wrap(keys.data(), Shape{int64_t(keys.size())}, DType::kI64, cpu),
+                 backend->stream(0));
+  check_one_rank_per_gpu(keys, fmt::format("GPU {} (PCI {}) on host '{}'", device, bus, hostid),
+                         visible);
+}
+
 const bool kRegistered = [] {
   register_comm_backend("nccl", [](Runtime& rt) -> std::unique_ptr<Communicator> {
     const LaunchInfo& li = rt.launch();
@@ -58,6 +89,7 @@ const bool kRegistered = [] {
                "communicator backend 'nccl' needs a GPU, and this process sees none");
     const int device = cuda_device_for_local_rank(li.local_rank);
     CUDA_CHECK(cudaSetDevice(device));
+    check_gpu_per_rank(rt, device);
     ncclUniqueId id = unique_id_for(rt);
     return NcclCommunicator::create(id, li.world_size, li.rank, device, "world",
                                     rt.comm_timeouts());

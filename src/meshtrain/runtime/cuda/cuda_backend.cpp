@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/gpu_sharing.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
 
@@ -249,13 +250,7 @@ int cuda_device_for_local_rank(int local_rank) {
   MT_CHECK_T(ConfigError, rc == cudaSuccess && count > 0,
              "no usable GPU: cudaGetDeviceCount reports {} ({})", count,
              rc == cudaSuccess ? "no device" : cudaGetErrorString(rc));
-  MT_CHECK_T(ConfigError, local_rank >= 0, "local rank must be >= 0, found {}", local_rank);
-  if (count == 1) return 0;
-  MT_CHECK_T(ConfigError, local_rank < count,
-             "local rank {} needs GPU {}, but this process sees {} GPUs: start at most {} ranks "
-             "per node, or give each rank one GPU with CUDA_VISIBLE_DEVICES",
-             local_rank, local_rank, count, count);
-  return local_rank;
+  return gpu_for_local_rank(local_rank, count, share_gpu_requested());
 }
 
 // ---- CudaBackend --------------------------------------------------------------------------

@@ -20,9 +20,10 @@ namespace meshtrain {
 // driver older than the runtime, or no GPU all read as "no device".
 bool cuda_device_present();
 
-// The device a process with this local rank uses: device 0 when one GPU is visible (the
-// launcher masked the others with CUDA_VISIBLE_DEVICES), else device local_rank. ConfigError
-// when there is no GPU or too few for the local rank.
+// The device a process with this local rank uses (core/gpu_sharing.h gpu_for_local_rank): in the
+// shared-GPU test mode local_rank % GPUs; else device 0 when one GPU is visible (the launcher
+// masked the others with CUDA_VISIBLE_DEVICES), else device local_rank. ConfigError when there
+// is no GPU or too few for the local rank (the message suggests --share-gpu).
 int cuda_device_for_local_rank(int local_rank);
 
 // The cudaStream_t behind a backend stream (nullptr for CPU streams).
