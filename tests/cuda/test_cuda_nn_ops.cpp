@@ -305,5 +305,58 @@ MT_CUDA_CASE_TEST(CudaNnOps, AdamWMatchesCpu, "adamw_update") {
   note_compared_graph(g);
 }
 
+// A NaN or Inf squared norm skips the update on the GPU as on the CPU: parameters and moments keep
+// their bits, the gradient is reset ([training] skip_nonfinite_steps relies on it).
+MT_CUDA_CASE_TEST(CudaNnOps, AdamWSkipsOnNonFiniteNorm, "adamw_update") {
+  Backend& gpu = cuda_backend();
+  auto cpu = create_backend("cpu", 0);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937_64 rng(seed);
+  const Shape s{4099};
+  ops::AdamWParams ap{
+      .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
+  Graph g;
+  Builder b(g, NodePhase::kOptimizer);
+  const int lr_slot = g.add_scalar("lr"), step_slot = g.add_scalar("step");
+  ValueId p = b.persistent("p", {s, DType::kF32}, ValueRole::kParameter);
+  ValueId gr = b.persistent("g", {s, DType::kF32}, ValueRole::kGradient);
+  ValueId m = b.persistent("m", {s, DType::kF32}, ValueRole::kState);
+  ValueId v = b.persistent("v", {s, DType::kF32}, ValueRole::kState);
+  ValueId nsq = b.persistent("norm_sq", {Shape{1}, DType::kF64}, ValueRole::kState);
+  ops::adamw_update(b, p, gr, m, v, nsq, lr_slot, step_slot, ap);
+  for (double bad : {std::nan(""), INFINITY}) {
+    Tensor hp = random_host(s, DType::kF32, rng, -1, 1),
+           hg = random_host(s, DType::kF32, rng, -1, 1);
+    Tensor hm = random_host(s, DType::kF32, rng, -0.1, 0.1),
+           hv = random_host(s, DType::kF32, rng, 0, 0.01);
+    Tensor hn = Tensor::from_vector(std::vector<double>{bad}, Shape{1});
+    const std::vector<double> p0 = host_values(hp), m0 = host_values(hm), v0 = host_values(hv);
+    Tensor dp = to_device(gpu, hp), dg = to_device(gpu, hg), dm = to_device(gpu, hm),
+           dv = to_device(gpu, hv), dn = to_device(gpu, hn);
+    Executor ce(g, plan_memory(g, DeviceType::kCPU), *cpu, nullptr),
+        ge(g, plan_memory(g, DeviceType::kCUDA), gpu, nullptr);
+    ce.bind(p, hp), ce.bind(gr, hg), ce.bind(m, hm), ce.bind(v, hv), ce.bind(nsq, hn);
+    ge.bind(p, dp), ge.bind(gr, dg), ge.bind(m, dm), ge.bind(v, dv), ge.bind(nsq, dn);
+    ce.prepare();
+    ge.prepare();
+    for (Executor* e : {&ce, &ge}) {
+      e->set_scalar(lr_slot, 3e-3);
+      e->set_scalar(step_slot, 1);
+      e->run();
+    }
+    const std::vector<double> zeros(size_t(s.numel()), 0.0);
+    EXPECT_EQ(host_values(to_host(gpu, dg)), zeros) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(hg), zeros) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(to_host(gpu, dp)), p0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(to_host(gpu, dm)), m0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(to_host(gpu, dv)), v0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(hp), p0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(hm), m0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(hv), v0) << "norm_sq " << bad;
+  }
+  note_compared_graph(g);
+}
+
 }  // namespace
 }  // namespace meshtrain::cudatest
