@@ -123,7 +123,7 @@ class Watchdog {
       const bool signalled = g_signal.exchange(0) != 0;
       // A collective that waits more than half a second may wait on a dead peer: look twice a
       // second (a launcher tears survivors down about a second after a rank dies).
-      if (signalled || (waited > 0.5 && now - last_peer_check >= std::chrono::milliseconds(500))) {
+      if (signalled || (waited > 0.3 && now - last_peer_check >= std::chrono::milliseconds(300))) {
         last_peer_check = now;
         bool lost = false;
         const std::string peers =

@@ -149,9 +149,12 @@ bool FaultGuard::after_optimizer(int64_t step, double loss, double grad_norm,
   if (!cfg_.training.skip_nonfinite_steps)
     MT_THROW(NonFiniteError,
              "{}. The update was not applied and {}. Set [training] skip_nonfinite_steps = true to "
-             "skip such steps and go on, or [debug] find_nonfinite_gradient = true to name the "
-             "first parameter whose gradient is not finite",
-             what, kept);
+             "skip such steps and go on{}",
+             what, kept,
+             cfg_.debug.find_nonfinite_gradient
+                 ? ""
+                 : ", or [debug] find_nonfinite_gradient = true to name the first parameter whose "
+                   "gradient is not finite");
   ++skipped_total_;
   ++skipped_in_a_row_;
   MT_CHECK_T(NonFiniteError, skipped_in_a_row_ < cfg_.training.max_consecutive_skipped_steps,
