@@ -121,8 +121,8 @@ class Watchdog {
       if (op.empty()) continue;
       const int64_t step = g_step.load();
       const bool signalled = g_signal.exchange(0) != 0;
-      // A collective that waits more than half a second may wait on a dead peer: look twice a
-      // second (a launcher tears survivors down about a second after a rank dies).
+      // A collective that waits more than 0.3 s may wait on a dead peer: look every 0.3 s
+      // (mpirun tears survivors down about a second after a rank dies).
       if (signalled || (waited > 0.3 && now - last_peer_check >= std::chrono::milliseconds(300))) {
         last_peer_check = now;
         bool lost = false;
