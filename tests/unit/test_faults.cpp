@@ -99,7 +99,7 @@ TEST_F(Faults, WatchdogNamesLostStalledAndGivenUpPeers) {
     std::ofstream(dir_ / fmt::format("rank-{}", rank))
         << host << " " << pid << " 5 " << op << " " << group << " 10 3\n";
   };
-  status(1, long(getpid()), "-", "-");            // alive, in no collective: stalled
+  status(1, long(getpid()), "-", "-");              // alive, in no collective: stalled
   status(2, long(getpid()), "all_to_all_v", "ep");  // alive, elsewhere
   bool lost = true;
   std::string d = describe_peers(dir_.string(), 0, 4, "all_gather", "fsdp", &lost);

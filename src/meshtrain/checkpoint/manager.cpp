@@ -136,8 +136,7 @@ void CheckpointManager::after_step(int64_t step, int64_t optimizer_step, int64_t
     save(step, optimizer_step, lr_step, lr, last);
 }
 
-void CheckpointManager::save_now(int64_t step, int64_t optimizer_step, int64_t lr_step,
-                                 double lr) {
+void CheckpointManager::save_now(int64_t step, int64_t optimizer_step, int64_t lr_step, double lr) {
   if (!options_.enable || options_.load_only || last_saved_step_ == step) return;
   save(step, optimizer_step, lr_step, lr, step == run_.training_steps);
 }
@@ -280,7 +279,8 @@ int CheckpointManager::first_failed_rank(bool failed) {
   }
   Stream& s = backend_.stream(0);
   // The lowest failed rank wins: -(rank + 1) under max is the smallest rank.
-  host_flag_.data<int64_t>()[0] = failed ? -(int64_t(rank_) + 1) : std::numeric_limits<int64_t>::min();
+  host_flag_.data<int64_t>()[0] =
+      failed ? -(int64_t(rank_) + 1) : std::numeric_limits<int64_t>::min();
   backend_.copy(flag_.raw(), host_flag_.raw(), 8, CopyKind::kHostToDevice, s);
   world_.all_reduce(flag_, ReduceOp::kMax, s);
   backend_.copy(host_flag_.raw(), flag_.raw(), 8, CopyKind::kDeviceToHost, s);
@@ -292,8 +292,8 @@ int CheckpointManager::first_failed_rank(bool failed) {
 
 void CheckpointManager::save_failed(const std::string& tmp, int64_t step, std::exception_ptr error,
                                     int rank) {
-  std::string why = fmt::format("rank {} could not write its part (its own error names the file)",
-                                rank);
+  std::string why =
+      fmt::format("rank {} could not write its part (its own error names the file)", rank);
   if (error) {
     try {
       std::rethrow_exception(error);

@@ -137,8 +137,8 @@ class Watchdog {
         const std::string peers =
             describe_peers(opts_.status_dir, opts_.rank, opts_.world_size, op, group, &lost);
         report(fmt::format(
-            "{} on '{}' at step {} did not complete within [comm] {} = {:g} s: {}", op, group,
-            step, step <= 1 ? "init_timeout_seconds" : "train_timeout_seconds", limit,
+            "{} on '{}' at step {} did not complete within [comm] {} = {:g} s: {}", op, group, step,
+            step <= 1 ? "init_timeout_seconds" : "train_timeout_seconds", limit,
             peers.empty() ? "a peer rank is stalled or lost (no status files to say which)"
                           : peers));
       }
@@ -228,15 +228,16 @@ std::string describe_peers(const std::string& status_dir, int rank, int world_si
     if (s.op == kGaveUp) {
       gave_up.push_back(fmt::format("rank {} gave up on its own collective", r));
     } else if (s.host == here && ::kill(pid_t(s.pid), 0) != 0 && errno == ESRCH) {
-      gone.push_back(fmt::format("rank {} (pid {} on {}) is gone: killed or crashed", r, s.pid,
-                                 s.host));
+      gone.push_back(
+          fmt::format("rank {} (pid {} on {}) is gone: killed or crashed", r, s.pid, s.host));
     } else if (s.op == "-") {
-      idle.push_back(fmt::format("rank {} (pid {} on {}) is alive but in no collective (at step "
-                                 "{}): stalled",
-                                 r, s.pid, s.host, s.step));
+      idle.push_back(
+          fmt::format("rank {} (pid {} on {}) is alive but in no collective (at step "
+                      "{}): stalled",
+                      r, s.pid, s.host, s.step));
     } else if (s.op != my_op || s.group != my_group) {
-      elsewhere.push_back(fmt::format("rank {} waits in {} on '{}' at step {}", r, s.op, s.group,
-                                      s.step));
+      elsewhere.push_back(
+          fmt::format("rank {} waits in {} on '{}' at step {}", r, s.op, s.group, s.step));
     }
   }
   *lost = !gone.empty() || !gave_up.empty();

@@ -157,7 +157,8 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
 }
 
 void TokenFile::check_unchanged(int64_t offset) const {
-  struct stat now {}, open_file {};
+  struct stat now {
+  }, open_file{};
   const bool path_ok = ::stat(path_.c_str(), &now) == 0;
   MT_CHECK_T(DataError, path_ok,
              "token file '{}' disappeared during the run ({}) before reading byte offset {}; "
@@ -170,8 +171,7 @@ void TokenFile::check_unchanged(int64_t offset) const {
              path_, offset);
   MT_CHECK_T(DataError, ::fstat(fd_, &open_file) == 0, "token file '{}': fstat failed: {}", path_,
              std::strerror(errno));
-  const int64_t mtime =
-      int64_t(open_file.st_mtim.tv_sec) * 1000000000 + open_file.st_mtim.tv_nsec;
+  const int64_t mtime = int64_t(open_file.st_mtim.tv_sec) * 1000000000 + open_file.st_mtim.tv_nsec;
   MT_CHECK_T(DataError, int64_t(open_file.st_size) >= size_,
              "token file '{}' was truncated during the run to {} bytes (its header says {} "
              "tokens, {} bytes) before reading byte offset {}; restore it, or restart from the "

@@ -83,8 +83,8 @@ void FaultGuard::begin_step(int64_t step) {
   watchdog_set_step(step);
   const DebugSection& d = cfg_.debug;
   if (d.inject_stall_step == step && d.inject_stall_rank == rank_) {
-    log_warn("rank {}: [debug] inject_stall_step = {}: stalling here, before any collective",
-             rank_, step);
+    log_warn("rank {}: [debug] inject_stall_step = {}: stalling here, before any collective", rank_,
+             step);
     for (;;) ::pause();  // a stop signal sets its flag and returns here; a second one exits
   }
 }
@@ -114,8 +114,7 @@ void FaultGuard::before_optimizer(int64_t step, const ParamStore& store) {
     if (!params[i].trainable) continue;
     Tensor dev = store.grad(params[i].name);
     Tensor host = Tensor::empty(dev.shape(), dev.dtype(), backend_.host_staging_allocator());
-    backend_.copy(host.raw(), dev.raw(), dev.nbytes(), CopyKind::kDeviceToHost,
-                  backend_.stream(0));
+    backend_.copy(host.raw(), dev.raw(), dev.nbytes(), CopyKind::kDeviceToHost, backend_.stream(0));
     // Host sync: [debug] find_nonfinite_gradient reads every gradient (debugging only).
     backend_.stream(0).synchronize();
     for (int64_t k = 0, n = host.numel(); k < n; ++k)
@@ -125,7 +124,8 @@ void FaultGuard::before_optimizer(int64_t step, const ParamStore& store) {
       }
   }
   const int64_t first = -agree_max(-found);
-  if (first != std::numeric_limits<int64_t>::max()) first_nonfinite_grad_ = params[size_t(first)].name;
+  if (first != std::numeric_limits<int64_t>::max())
+    first_nonfinite_grad_ = params[size_t(first)].name;
 }
 
 bool FaultGuard::after_optimizer(int64_t step, double loss, double grad_norm,
@@ -143,9 +143,9 @@ bool FaultGuard::after_optimizer(int64_t step, double loss, double grad_norm,
           : fmt::format("; the first parameter with a non-finite gradient is {}",
                         first_nonfinite_grad_));
   const std::string last_checkpoint = checkpoints.latest_complete();
-  const std::string kept =
-      last_checkpoint.empty() ? std::string("no checkpoint was saved yet")
-                              : fmt::format("the last checkpoint {} is intact", last_checkpoint);
+  const std::string kept = last_checkpoint.empty()
+                               ? std::string("no checkpoint was saved yet")
+                               : fmt::format("the last checkpoint {} is intact", last_checkpoint);
   if (!cfg_.training.skip_nonfinite_steps)
     MT_THROW(NonFiniteError,
              "{}. The update was not applied and {}. Set [training] skip_nonfinite_steps = true to "
@@ -160,8 +160,8 @@ bool FaultGuard::after_optimizer(int64_t step, double loss, double grad_norm,
   MT_CHECK_T(NonFiniteError, skipped_in_a_row_ < cfg_.training.max_consecutive_skipped_steps,
              "{}: {} non-finite steps in a row reached [training] max_consecutive_skipped_steps = "
              "{}; stopping ({} skipped in all; {})",
-             what, skipped_in_a_row_, cfg_.training.max_consecutive_skipped_steps,
-             skipped_total_, kept);
+             what, skipped_in_a_row_, cfg_.training.max_consecutive_skipped_steps, skipped_total_,
+             kept);
   log_warn("{}: update skipped ({} in a row, {} in all; [training] skip_nonfinite_steps)", what,
            skipped_in_a_row_, skipped_total_);
   return true;

@@ -34,7 +34,8 @@ struct StepRecord {
   double loss = 0;       // global mean token loss of the step
   double grad_norm = 0;  // global norm before clipping
   double lr = 0;
-  bool skipped = false;  // non-finite loss or norm, update skipped ([training] skip_nonfinite_steps)
+  bool skipped =
+      false;  // non-finite loss or norm, update skipped ([training] skip_nonfinite_steps)
 };
 
 // One MoE layer's expert load over the last optimizer step (global over data-parallel ranks).

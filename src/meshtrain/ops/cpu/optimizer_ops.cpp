@@ -45,8 +45,7 @@ MT_REGISTER_OPS {
     const Attrs& a = c.attrs();
     const double norm_sq = in_ptr<double>(c, 4)[0];
     if (!std::isfinite(norm_sq)) {
-      if (a.b("reset_grad", true))
-        std::memset(c.in[1].raw(), 0, c.in[1].nbytes());
+      if (a.b("reset_grad", true)) std::memset(c.in[1].raw(), 0, c.in[1].nbytes());
       return;
     }
     double norm = std::sqrt(norm_sq);
