@@ -246,6 +246,25 @@ MT_CUDA_CASE_TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16AddOrOverwrite, 
     }
 }
 
+// The one-node graph of both AdamW cases: a float32 flat group of shape `s`, max_norm 1.
+struct AdamWGraph {
+  explicit AdamWGraph(const Shape& s) {
+    const ops::AdamWParams ap{
+        .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
+    Builder b(g, NodePhase::kOptimizer);
+    lr_slot = g.add_scalar("lr"), step_slot = g.add_scalar("step");
+    p = b.persistent("p", {s, DType::kF32}, ValueRole::kParameter);
+    gr = b.persistent("g", {s, DType::kF32}, ValueRole::kGradient);
+    m = b.persistent("m", {s, DType::kF32}, ValueRole::kState);
+    v = b.persistent("v", {s, DType::kF32}, ValueRole::kState);
+    nsq = b.persistent("norm_sq", {Shape{1}, DType::kF64}, ValueRole::kState);
+    ops::adamw_update(b, p, gr, m, v, nsq, lr_slot, step_slot, ap);
+  }
+  Graph g;
+  int lr_slot = -1, step_slot = -1;
+  ValueId p = kNoValue, gr = kNoValue, m = kNoValue, v = kNoValue, nsq = kNoValue;
+};
+
 // One fused AdamW step on the GPU against the CPU kernel, with clipping active (max_norm below
 // the gradient norm), then a second step; float32 master weights.
 MT_CUDA_CASE_TEST(CudaNnOps, AdamWMatchesCpu, "adamw_update") {
@@ -255,17 +274,10 @@ MT_CUDA_CASE_TEST(CudaNnOps, AdamWMatchesCpu, "adamw_update") {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937_64 rng(seed);
   const Shape s{5003};
-  ops::AdamWParams ap{
-      .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
-  Graph g;
-  Builder b(g, NodePhase::kOptimizer);
-  const int lr_slot = g.add_scalar("lr"), step_slot = g.add_scalar("step");
-  ValueId p = b.persistent("p", {s, DType::kF32}, ValueRole::kParameter);
-  ValueId gr = b.persistent("g", {s, DType::kF32}, ValueRole::kGradient);
-  ValueId m = b.persistent("m", {s, DType::kF32}, ValueRole::kState);
-  ValueId v = b.persistent("v", {s, DType::kF32}, ValueRole::kState);
-  ValueId nsq = b.persistent("norm_sq", {Shape{1}, DType::kF64}, ValueRole::kState);
-  ops::adamw_update(b, p, gr, m, v, nsq, lr_slot, step_slot, ap);
+  AdamWGraph ag(s);
+  Graph& g = ag.g;
+  const int lr_slot = ag.lr_slot, step_slot = ag.step_slot;
+  const ValueId p = ag.p, gr = ag.gr, m = ag.m, v = ag.v, nsq = ag.nsq;
 
   Tensor hp = random_host(s, DType::kF32, rng, -1, 1), hg = random_host(s, DType::kF32, rng, -1, 1);
   Tensor hm = random_host(s, DType::kF32, rng, -0.1, 0.1),
@@ -314,18 +326,11 @@ MT_CUDA_CASE_TEST(CudaNnOps, AdamWSkipsOnNonFiniteNorm, "adamw_update") {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937_64 rng(seed);
   const Shape s{4099};
-  ops::AdamWParams ap{
-      .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
-  Graph g;
-  Builder b(g, NodePhase::kOptimizer);
-  const int lr_slot = g.add_scalar("lr"), step_slot = g.add_scalar("step");
-  ValueId p = b.persistent("p", {s, DType::kF32}, ValueRole::kParameter);
-  ValueId gr = b.persistent("g", {s, DType::kF32}, ValueRole::kGradient);
-  ValueId m = b.persistent("m", {s, DType::kF32}, ValueRole::kState);
-  ValueId v = b.persistent("v", {s, DType::kF32}, ValueRole::kState);
-  ValueId nsq = b.persistent("norm_sq", {Shape{1}, DType::kF64}, ValueRole::kState);
-  ops::adamw_update(b, p, gr, m, v, nsq, lr_slot, step_slot, ap);
-  for (double bad : {std::nan(""), INFINITY}) {
+  AdamWGraph ag(s);
+  Graph& g = ag.g;
+  const int lr_slot = ag.lr_slot, step_slot = ag.step_slot;
+  const ValueId p = ag.p, gr = ag.gr, m = ag.m, v = ag.v, nsq = ag.nsq;
+  for (double bad : {std::nan(""), double(INFINITY)}) {
     Tensor hp = random_host(s, DType::kF32, rng, -1, 1),
            hg = random_host(s, DType::kF32, rng, -1, 1);
     Tensor hm = random_host(s, DType::kF32, rng, -0.1, 0.1),

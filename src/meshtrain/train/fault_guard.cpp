@@ -21,6 +21,7 @@ volatile sig_atomic_t g_stop_signal = 0;
 volatile sig_atomic_t g_signals_seen = 0;
 char g_first_line[160], g_second_line[160];  // formatted at install: a handler cannot format
 struct sigaction g_previous[3];
+int g_guards = 0;  // live FaultGuards (tests nest trainers): the first installs, the last restores
 
 void write_line(const char* s) { (void)!::write(2, s, std::strlen(s)); }
 
@@ -57,14 +58,16 @@ FaultGuard::FaultGuard(const JobConfig& cfg, Backend& backend, Communicator& wor
                 rank_);
   std::snprintf(g_second_line, sizeof(g_second_line),
                 "meshtrain: rank %d: second stop signal: exiting now, without saving\n", rank_);
-  g_stop_signal = 0;
-  g_signals_seen = 0;
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;  // MPI and file calls the main thread is in go on after the flag
-  for (size_t i = 0; i < std::size(kStopSignals); ++i)
-    ::sigaction(kStopSignals[i], &sa, &g_previous[i]);
+  if (g_guards++ == 0) {
+    g_stop_signal = 0;
+    g_signals_seen = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // MPI and file calls the main thread is in go on after the flag
+    for (size_t i = 0; i < std::size(kStopSignals); ++i)
+      ::sigaction(kStopSignals[i], &sa, &g_previous[i]);
+  }
   start_collective_watchdog(
       {.init_seconds = double(cfg_.comm.init_timeout_seconds),
        .train_seconds = double(cfg_.comm.train_timeout_seconds),
@@ -75,8 +78,9 @@ FaultGuard::FaultGuard(const JobConfig& cfg, Backend& backend, Communicator& wor
 
 FaultGuard::~FaultGuard() {
   stop_collective_watchdog();
-  for (size_t i = 0; i < std::size(kStopSignals); ++i)
-    ::sigaction(kStopSignals[i], &g_previous[i], nullptr);
+  if (--g_guards == 0)
+    for (size_t i = 0; i < std::size(kStopSignals); ++i)
+      ::sigaction(kStopSignals[i], &g_previous[i], nullptr);
 }
 
 void FaultGuard::begin_step(int64_t step) {
