@@ -13,6 +13,7 @@
 #include "meshtrain/checkpoint/hf_config.h"
 #include "meshtrain/comm/backends_info.h"
 #include "meshtrain/comm/bootstrap.h"
+#include "meshtrain/comm/collective_watchdog.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/core/version.h"
@@ -166,7 +167,8 @@ int run_train(int argc, char** argv) {
   meshtrain::Runtime runtime(&argc, &argv);
   meshtrain::Trainer trainer(cfg, runtime);
   trainer.train();
-  return 0;
+  // A stop signal ended the run after an agreed step (and its checkpoint): a status of its own.
+  return trainer.interrupted() != 0 ? meshtrain::kExitInterrupted : 0;
 }
 
 int run_plan(int argc, char** argv) {

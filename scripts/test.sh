@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds meshtrain and runs every test with ctest (CI runs exactly this).
 # Tests labelled `gpu` run only where a GPU is visible; otherwise they are excluded and counted.
+# Tests labelled `soak` (long drills, minutes each) never run here: `ctest -L soak` runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
@@ -8,10 +9,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build
-exclude=()
+n_soak=$(ctest --test-dir build -N -L soak | sed -n 's/^Total Tests: //p')
+echo "test.sh: excluding ${n_soak:-0} test(s) labelled soak (run them with ctest -L soak)"
+exclude=(-LE soak)
 if ! (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'); then
   n_gpu=$(ctest --test-dir build -N -L gpu | sed -n 's/^Total Tests: //p')
   echo "test.sh: no GPU visible: excluding ${n_gpu:-0} test(s) labelled gpu"
-  exclude=(-LE gpu)
+  exclude=(-LE 'gpu|soak')
 fi
 ctest --test-dir build --output-on-failure -j2 "${exclude[@]}"

@@ -246,6 +246,25 @@ MT_CUDA_CASE_TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16AddOrOverwrite, 
     }
 }
 
+// The one-node graph of both AdamW cases: a float32 flat group of shape `s`, max_norm 1.
+struct AdamWGraph {
+  explicit AdamWGraph(const Shape& s) {
+    const ops::AdamWParams ap{
+        .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
+    Builder b(g, NodePhase::kOptimizer);
+    lr_slot = g.add_scalar("lr"), step_slot = g.add_scalar("step");
+    p = b.persistent("p", {s, DType::kF32}, ValueRole::kParameter);
+    gr = b.persistent("g", {s, DType::kF32}, ValueRole::kGradient);
+    m = b.persistent("m", {s, DType::kF32}, ValueRole::kState);
+    v = b.persistent("v", {s, DType::kF32}, ValueRole::kState);
+    nsq = b.persistent("norm_sq", {Shape{1}, DType::kF64}, ValueRole::kState);
+    ops::adamw_update(b, p, gr, m, v, nsq, lr_slot, step_slot, ap);
+  }
+  Graph g;
+  int lr_slot = -1, step_slot = -1;
+  ValueId p = kNoValue, gr = kNoValue, m = kNoValue, v = kNoValue, nsq = kNoValue;
+};
+
 // One fused AdamW step on the GPU against the CPU kernel, with clipping active (max_norm below
 // the gradient norm), then a second step; float32 master weights.
 MT_CUDA_CASE_TEST(CudaNnOps, AdamWMatchesCpu, "adamw_update") {
@@ -255,17 +274,10 @@ MT_CUDA_CASE_TEST(CudaNnOps, AdamWMatchesCpu, "adamw_update") {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937_64 rng(seed);
   const Shape s{5003};
-  ops::AdamWParams ap{
-      .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
-  Graph g;
-  Builder b(g, NodePhase::kOptimizer);
-  const int lr_slot = g.add_scalar("lr"), step_slot = g.add_scalar("step");
-  ValueId p = b.persistent("p", {s, DType::kF32}, ValueRole::kParameter);
-  ValueId gr = b.persistent("g", {s, DType::kF32}, ValueRole::kGradient);
-  ValueId m = b.persistent("m", {s, DType::kF32}, ValueRole::kState);
-  ValueId v = b.persistent("v", {s, DType::kF32}, ValueRole::kState);
-  ValueId nsq = b.persistent("norm_sq", {Shape{1}, DType::kF64}, ValueRole::kState);
-  ops::adamw_update(b, p, gr, m, v, nsq, lr_slot, step_slot, ap);
+  AdamWGraph ag(s);
+  Graph& g = ag.g;
+  const int lr_slot = ag.lr_slot, step_slot = ag.step_slot;
+  const ValueId p = ag.p, gr = ag.gr, m = ag.m, v = ag.v, nsq = ag.nsq;
 
   Tensor hp = random_host(s, DType::kF32, rng, -1, 1), hg = random_host(s, DType::kF32, rng, -1, 1);
   Tensor hm = random_host(s, DType::kF32, rng, -0.1, 0.1),
@@ -301,6 +313,52 @@ MT_CUDA_CASE_TEST(CudaNnOps, AdamWMatchesCpu, "adamw_update") {
       // Absolute part at float32 rounding of the operands (|m|, |g| <= 1): the moment update
       // m + (g - m)(1 - b1) cancels, and the GPU contracts it into FMAs.
       ASSERT_NEAR(got[i], want[i], 2e-6 * std::abs(want[i]) + 1e-8) << names[k] << "[" << i << "]";
+  }
+  note_compared_graph(g);
+}
+
+// A NaN or Inf squared norm skips the update on the GPU as on the CPU: parameters and moments keep
+// their bits, the gradient is reset ([training] skip_nonfinite_steps relies on it).
+MT_CUDA_CASE_TEST(CudaNnOps, AdamWSkipsOnNonFiniteNorm, "adamw_update") {
+  Backend& gpu = cuda_backend();
+  auto cpu = create_backend("cpu", 0);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937_64 rng(seed);
+  const Shape s{4099};
+  AdamWGraph ag(s);
+  Graph& g = ag.g;
+  const int lr_slot = ag.lr_slot, step_slot = ag.step_slot;
+  const ValueId p = ag.p, gr = ag.gr, m = ag.m, v = ag.v, nsq = ag.nsq;
+  for (double bad : {std::nan(""), double(INFINITY)}) {
+    Tensor hp = random_host(s, DType::kF32, rng, -1, 1),
+           hg = random_host(s, DType::kF32, rng, -1, 1);
+    Tensor hm = random_host(s, DType::kF32, rng, -0.1, 0.1),
+           hv = random_host(s, DType::kF32, rng, 0, 0.01);
+    Tensor hn = Tensor::from_vector(std::vector<double>{bad}, Shape{1});
+    const std::vector<double> p0 = host_values(hp), m0 = host_values(hm), v0 = host_values(hv);
+    Tensor dp = to_device(gpu, hp), dg = to_device(gpu, hg), dm = to_device(gpu, hm),
+           dv = to_device(gpu, hv), dn = to_device(gpu, hn);
+    Executor ce(g, plan_memory(g, DeviceType::kCPU), *cpu, nullptr),
+        ge(g, plan_memory(g, DeviceType::kCUDA), gpu, nullptr);
+    ce.bind(p, hp), ce.bind(gr, hg), ce.bind(m, hm), ce.bind(v, hv), ce.bind(nsq, hn);
+    ge.bind(p, dp), ge.bind(gr, dg), ge.bind(m, dm), ge.bind(v, dv), ge.bind(nsq, dn);
+    ce.prepare();
+    ge.prepare();
+    for (Executor* e : {&ce, &ge}) {
+      e->set_scalar(lr_slot, 3e-3);
+      e->set_scalar(step_slot, 1);
+      e->run();
+    }
+    const std::vector<double> zeros(size_t(s.numel()), 0.0);
+    EXPECT_EQ(host_values(to_host(gpu, dg)), zeros) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(hg), zeros) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(to_host(gpu, dp)), p0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(to_host(gpu, dm)), m0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(to_host(gpu, dv)), v0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(hp), p0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(hm), m0) << "norm_sq " << bad;
+    EXPECT_EQ(host_values(hv), v0) << "norm_sq " << bad;
   }
   note_compared_graph(g);
 }

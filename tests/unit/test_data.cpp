@@ -198,6 +198,60 @@ TEST_F(DataTest, TokenFileCorruptedHeaders) {
                   "token file '" + missing + "' cannot be opened");
 }
 
+// A file that changes under a run is an error naming it and the byte offset: truncated (never
+// zeros or a SIGBUS), modified in place, replaced by a rename, deleted. Both widths read exactly.
+TEST_F(DataTest, TokenFileChangedDuringTheRun) {
+  std::vector<int32_t> toks(600);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 7919) % 65536);
+  for (TokenWidth w : {TokenWidth::kU16, TokenWidth::kU32}) {
+    const std::string p = (dir_ / "run.bin").string();
+    write_token_file(p, toks, w);
+    TokenFile f(p);
+    std::vector<int32_t> out(100, -1);
+    f.read(450, 100, out.data());
+    EXPECT_EQ(out, std::vector<int32_t>(toks.begin() + 450, toks.begin() + 550));
+  }
+  const std::string p = (dir_ / "run.bin").string();
+  write_token_file(p, toks);
+  std::vector<int32_t> out(100);
+  {
+    TokenFile f(p);
+    fs::resize_file(p, 1024 + 2 * 300);
+    EXPECT_CONTAINS(data_error([&] { f.read(400, 100, out.data()); }),
+                    "token file '" + p +
+                        "' was truncated during the run to 1624 bytes (its header says 600 "
+                        "tokens, 2224 bytes) before reading byte offset 1824");
+  }
+  write_token_file(p, toks);
+  {
+    TokenFile f(p);
+    std::vector<int32_t> other = toks;
+    other[0] = 1;
+    const std::string tmp = (dir_ / "new.bin").string();
+    write_token_file(tmp, other);
+    fs::rename(tmp, p);
+    EXPECT_CONTAINS(data_error([&] { f.read(10, 5, out.data()); }),
+                    "token file '" + p + "' was replaced during the run");
+    EXPECT_CONTAINS(data_error([&] { f.read(10, 5, out.data()); }), "byte offset 1044");
+    fs::remove(p);
+    EXPECT_CONTAINS(data_error([&] { f.read(10, 5, out.data()); }), "disappeared during the run");
+  }
+  write_token_file(p, toks);
+  {
+    TokenFile f(p);
+    {
+      std::fstream io(p, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(1030);
+      io.write("xy", 2);
+    }
+    // The same size and inode, a new modification time.
+    fs::last_write_time(p, fs::last_write_time(p) + std::chrono::seconds(5));
+    EXPECT_CONTAINS(data_error([&] { f.read(0, 5, out.data()); }),
+                    "was modified during the run (2224 -> 2224 bytes) before reading byte offset "
+                    "1024");
+  }
+}
+
 // ---- loader ----------------------------------------------------------------------------------
 
 struct Batch {

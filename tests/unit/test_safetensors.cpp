@@ -191,6 +191,7 @@ TEST(WriteFault, ParsesTheEnvironmentSyntax) {
   f = parse_write_fault("enospc@1");
   EXPECT_EQ(f.kind, WriteFault::Kind::kNoSpace);
   EXPECT_EQ(f.rank, -1);
+  EXPECT_EQ(parse_write_fault("eio@4:rank=0").kind, WriteFault::Kind::kIoError);
   EXPECT_EQ(parse_write_fault("").kind, WriteFault::Kind::kNone);
   for (const char* bad : {"enospc", "kill@0", "crash@3", "kill@2:r=1", "kill@x"})
     EXPECT_CONTAINS(error_message<ConfigError>([&] { parse_write_fault(bad); }),

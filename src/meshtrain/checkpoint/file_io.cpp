@@ -32,8 +32,8 @@ WriteFault parse_write_fault(std::string_view spec) {
   if (spec.empty()) return f;
   auto bad = [&] {
     MT_THROW(ConfigError,
-             "MESHTRAIN_CHECKPOINT_FAULT must be \"enospc@N\" or \"kill@N\" (N >= 1), optionally "
-             "followed by \":rank=R\"; found \"{}\"",
+             "MESHTRAIN_CHECKPOINT_FAULT must be \"enospc@N\", \"eio@N\" or \"kill@N\" (N >= 1), "
+             "optionally followed by \":rank=R\"; found \"{}\"",
              spec);
   };
   const size_t at = spec.find('@');
@@ -41,6 +41,8 @@ WriteFault parse_write_fault(std::string_view spec) {
   const std::string_view kind = spec.substr(0, at);
   if (kind == "enospc")
     f.kind = WriteFault::Kind::kNoSpace;
+  else if (kind == "eio")
+    f.kind = WriteFault::Kind::kIoError;
   else if (kind == "kill")
     f.kind = WriteFault::Kind::kKill;
   else
@@ -106,7 +108,7 @@ void OutputFile::write(const void* data, size_t n) {
         std::fflush(stderr);
         std::raise(SIGKILL);
       }
-      err = ENOSPC;
+      err = g_fault.kind == WriteFault::Kind::kIoError ? EIO : ENOSPC;
     }
     if (w == 0 && err == 0) err = EIO;
     MT_CHECK_T(IoError, err == 0, "cannot write {}: {} ({} bytes written)", path_, errno_text(err),

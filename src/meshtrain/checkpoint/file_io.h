@@ -9,11 +9,12 @@
 
 namespace meshtrain {
 
-// Fault injection for tests: MESHTRAIN_CHECKPOINT_FAULT = "enospc@N" or "kill@N", optionally
-// followed by ":rank=R". The N-th OutputFile::write call of the process (on rank R, or any rank)
-// writes half its bytes, then fails with ENOSPC ("enospc") or raises SIGKILL ("kill").
+// Fault injection for tests: MESHTRAIN_CHECKPOINT_FAULT = "enospc@N", "eio@N" or "kill@N",
+// optionally followed by ":rank=R". The N-th OutputFile::write call of the process (on rank R, or
+// any rank) writes half its bytes, then fails with ENOSPC ("enospc") or EIO ("eio"), or raises
+// SIGKILL ("kill").
 struct WriteFault {
-  enum class Kind : uint8_t { kNone, kNoSpace, kKill };
+  enum class Kind : uint8_t { kNone, kNoSpace, kIoError, kKill };
   Kind kind = Kind::kNone;
   int64_t at_write = 0;  // 1-based
   int rank = -1;         // -1: every rank

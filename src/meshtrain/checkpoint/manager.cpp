@@ -7,6 +7,7 @@
 #include <chrono>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <regex>
 #include <thread>
 
@@ -48,7 +49,7 @@ struct CheckpointManager::Pending {
   CheckpointIndex head;  // rank 0: everything but the files, slices and loader positions
   std::thread thread;
   std::atomic<bool> done{false};
-  std::exception_ptr error;
+  std::exception_ptr error, finalize_error;
   bool joined = false, finalized = false;
   double stall_seconds = 0;
   std::chrono::steady_clock::time_point written_from;  // the end of the snapshot
@@ -135,9 +136,20 @@ void CheckpointManager::after_step(int64_t step, int64_t optimizer_step, int64_t
     save(step, optimizer_step, lr_step, lr, last);
 }
 
+void CheckpointManager::save_now(int64_t step, int64_t optimizer_step, int64_t lr_step, double lr) {
+  if (!options_.enable || options_.load_only || last_saved_step_ == step) return;
+  save(step, optimizer_step, lr_step, lr, step == run_.training_steps);
+}
+
+std::string CheckpointManager::latest_complete() const {
+  const std::vector<int64_t> steps = list_checkpoints(options_.folder);
+  return steps.empty() ? std::string() : step_dir(steps.back());
+}
+
 void CheckpointManager::save(int64_t step, int64_t optimizer_step, int64_t lr_step, double lr,
                              bool last) {
   wait();  // a save waits for the one before it
+  last_saved_step_ = step;
   auto p = std::make_unique<Pending>();
   p->step = step;
   p->model_only = last && options_.last_save_model_only;
@@ -220,11 +232,18 @@ void CheckpointManager::poll() {
   if (!p.joined) {
     if (p.thread.joinable()) p.thread.join();
     p.joined = true;
-    if (p.error) std::rethrow_exception(std::exchange(p.error, nullptr));
   }
+  // A failed part is reported by wait(), where every rank learns of it together.
+  if (p.error || p.finalize_error) return;
   // Rank 0 makes the checkpoint visible as soon as every rank's part is on disk, without a
   // collective; wait() at the next save or at exit sees it done.
-  if (rank_ == 0 && !p.finalized && rank_parts_complete(p.tmp, world_size_)) finalize_pending();
+  if (rank_ == 0 && !p.finalized && rank_parts_complete(p.tmp, world_size_)) {
+    try {
+      finalize_pending();
+    } catch (...) {
+      p.finalize_error = std::current_exception();
+    }
+  }
 }
 
 void CheckpointManager::wait() {
@@ -233,15 +252,78 @@ void CheckpointManager::wait() {
   Pending& p = *pending_;
   if (p.thread.joinable()) p.thread.join();
   p.joined = true;
-  if (p.error) {
-    std::exception_ptr e = std::exchange(p.error, nullptr);
-    pending_.reset();
-    std::rethrow_exception(e);
+  // Every rank learns whether any rank's part failed, so all of them stop (or go on) together.
+  std::exception_ptr error = std::exchange(p.error, nullptr);
+  int failed = first_failed_rank(error != nullptr);
+  if (failed < 0) {
+    if (rank_ == 0 && !p.finalized && !p.finalize_error) {
+      try {
+        finalize_pending();
+      } catch (...) {
+        p.finalize_error = std::current_exception();
+      }
+    }
+    error = std::exchange(p.finalize_error, nullptr);
+    failed = first_failed_rank(error != nullptr);  // and the checkpoint visible, for every rank
   }
-  world_.barrier();  // every rank's part is complete
-  if (rank_ == 0 && !p.finalized) finalize_pending();
-  world_.barrier();  // and the checkpoint visible, before any rank goes on
+  const std::string tmp = p.tmp;
+  const int64_t step = p.step;
   pending_.reset();
+  if (failed >= 0) save_failed(tmp, step, error, failed);
+}
+
+int CheckpointManager::first_failed_rank(bool failed) {
+  if (!flag_.defined()) {
+    flag_ = Tensor::empty(Shape{1}, DType::kI64, backend_.allocator());
+    host_flag_ = Tensor::empty(Shape{1}, DType::kI64, backend_.host_staging_allocator());
+  }
+  Stream& s = backend_.stream(0);
+  // The lowest failed rank wins: -(rank + 1) under max is the smallest rank.
+  host_flag_.data<int64_t>()[0] =
+      failed ? -(int64_t(rank_) + 1) : std::numeric_limits<int64_t>::min();
+  backend_.copy(flag_.raw(), host_flag_.raw(), 8, CopyKind::kHostToDevice, s);
+  world_.all_reduce(flag_, ReduceOp::kMax, s);
+  backend_.copy(host_flag_.raw(), flag_.raw(), 8, CopyKind::kDeviceToHost, s);
+  // Host sync: whether the save failed anywhere decides what every rank does next.
+  s.synchronize();
+  const int64_t v = host_flag_.data<int64_t>()[0];
+  return v == std::numeric_limits<int64_t>::min() ? -1 : int(-v - 1);
+}
+
+void CheckpointManager::save_failed(const std::string& tmp, int64_t step, std::exception_ptr error,
+                                    int rank) {
+  std::string why =
+      fmt::format("rank {} could not write its part (its own error names the file)", rank);
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  // No rank writes any more (every one has passed the agreement): the partial save goes, so no
+  // later run mistakes it for a checkpoint (it never had an index, and never was step-N).
+  if (rank_ == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  }
+  world_.barrier();
+  const std::string kept = latest_complete();
+  const std::string previous =
+      kept.empty() ? "there is no earlier checkpoint" : fmt::format("{} is intact", kept);
+  if (options_.continue_on_save_error) {
+    log_warn(
+        "checkpoint: the save of step {} failed: {}; its partial folder was removed and {}; "
+        "training goes on and saves again at the next interval ([checkpoint] "
+        "continue_on_save_error)",
+        step, why, previous);
+    return;
+  }
+  MT_THROW(IoError,
+           "checkpoint: the save of step {} failed: {}; its partial folder was removed and {}. "
+           "Free space or fix the disk and resume, or set [checkpoint] continue_on_save_error = "
+           "true to keep training through failed saves",
+           step, why, previous);
 }
 
 void CheckpointManager::finalize_pending() {

@@ -38,6 +38,8 @@ struct CheckpointOptions {
   std::vector<std::string> exclude_from_loading;
   bool first_step = false;  // also save after step 1 (enable_first_step_checkpoint)
   bool load_only = false;   // never save
+  // A failed save is logged and its partial folder removed; training goes on (else IoError).
+  bool continue_on_save_error = false;
 };
 
 // What the run is, for the index and the checks on resume.
@@ -71,7 +73,14 @@ class CheckpointManager {
   // After optimizer step `step`: completes an async save whose files are written, and saves
   // when due (every `interval` steps, and at the last step).
   void after_step(int64_t step, int64_t optimizer_step, int64_t lr_step, double lr);
+  // A save at `step` now, off the interval (a stop signal), unless this step was just saved.
+  void save_now(int64_t step, int64_t optimizer_step, int64_t lr_step, double lr);
+  // The latest complete checkpoint folder, "" when none (named by errors that keep it intact).
+  std::string latest_complete() const;
   // Waits for the save in flight, if any, and makes it visible (collective: every rank calls it).
+  // A rank whose part failed (ENOSPC, EIO, ...) makes every rank fail together: the partial folder
+  // is removed, then IoError (naming the file on the rank that hit it), or a warning and training
+  // goes on when continue_on_save_error is set.
   void wait();
 
   const CheckpointOptions& options() const { return options_; }
@@ -81,6 +90,8 @@ class CheckpointManager {
   void save(int64_t step, int64_t optimizer_step, int64_t lr_step, double lr, bool last);
   void poll();
   void finalize_pending();
+  int first_failed_rank(bool failed);  // collective
+  void save_failed(const std::string& tmp, int64_t step, std::exception_ptr error, int rank);
   void check_no_overwrite(int64_t from_step) const;
   std::string step_dir(int64_t step) const;
 
@@ -96,6 +107,8 @@ class CheckpointManager {
   std::unique_ptr<class Snapshot> snapshot_;
   std::unique_ptr<Pending> pending_;
   bool in_flight_ = false;  // a save was started and not yet waited for (the same on every rank)
+  int64_t last_saved_step_ = -1;
+  Tensor flag_, host_flag_;  // first_failed_rank's all-reduce
 };
 
 // Complete checkpoints (step-N folders with an index.json) in `folder`, by ascending step.

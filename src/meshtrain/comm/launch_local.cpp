@@ -35,9 +35,14 @@ bool is_executable_file(const std::string& path) {
 }
 
 volatile sig_atomic_t g_child = 0;
-// The parent only waits; signals meant for the job go to mpirun, which tears the ranks down.
+volatile sig_atomic_t g_forwarded = 0;
+// The parent only waits; signals meant for the job go to mpirun. OpenMPI's mpirun does not forward
+// SIGTERM or SIGINT: it tears the job down (SIGCONT, odls_base_sigkill_timeout = 1 s, SIGTERM,
+// 1 s, SIGKILL), too soon for a rank to finish its step and save. It forwards SIGUSR2 at once,
+// which ranks take as a stop request: the first two signals go as SIGUSR2 (stop after the step;
+// exit now), a third as itself (mpirun's teardown).
 void forward_signal(int sig) {
-  if (g_child > 0) ::kill(pid_t(g_child), sig);
+  if (g_child > 0) ::kill(pid_t(g_child), ++g_forwarded <= 2 ? SIGUSR2 : sig);
 }
 
 }  // namespace

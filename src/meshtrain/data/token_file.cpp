@@ -116,9 +116,15 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
              kTokenFileHeaderBytes);
   }
   void* m = ::mmap(nullptr, size_t(size), PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);  // the mapping keeps the file alive
-  MT_CHECK_T(DataError, m != MAP_FAILED, "token file '{}' cannot be mapped: {}", path,
-             std::strerror(errno));
+  fd_ = fd;  // kept for pread during the run
+  dev_ = uint64_t(st.st_dev), ino_ = uint64_t(st.st_ino), size_ = size;
+  mtime_ns_ = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if (m == MAP_FAILED) {
+    const int e = errno;
+    ::close(fd);
+    fd_ = -1;
+    MT_THROW(DataError, "token file '{}' cannot be mapped: {}", path, std::strerror(e));
+  }
   map_ = m, map_bytes_ = size_t(size);
   int32_t header[3];
   std::memcpy(header, map_, sizeof(header));
@@ -143,19 +149,66 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     release();
     MT_THROW(DataError,
              "token file '{}': header says {} tokens ({} bytes with the header), "
-             "found a file of {} bytes (truncated or corrupted?)",
-             path, header[2], expected, size);
+             "found a file of {} bytes: the data ends at byte offset {} (truncated or corrupted?)",
+             path, header[2], expected, size, size);
   }
   num_tokens_ = header[2];
   tokens_ = static_cast<const char*>(map_) + kTokenFileHeaderBytes;
 }
 
+void TokenFile::check_unchanged(int64_t offset) const {
+  struct stat now {
+  }, open_file{};
+  const bool path_ok = ::stat(path_.c_str(), &now) == 0;
+  MT_CHECK_T(DataError, path_ok,
+             "token file '{}' disappeared during the run ({}) before reading byte offset {}; "
+             "restore it, or restart from the last checkpoint with the dataset fixed",
+             path_, std::strerror(errno), offset);
+  MT_CHECK_T(DataError, uint64_t(now.st_dev) == dev_ && uint64_t(now.st_ino) == ino_,
+             "token file '{}' was replaced during the run (it names another file than the one "
+             "opened at start-up) before reading byte offset {}; a run must see the same data "
+             "throughout: restore it, or restart from the last checkpoint",
+             path_, offset);
+  MT_CHECK_T(DataError, ::fstat(fd_, &open_file) == 0, "token file '{}': fstat failed: {}", path_,
+             std::strerror(errno));
+  const int64_t mtime = int64_t(open_file.st_mtim.tv_sec) * 1000000000 + open_file.st_mtim.tv_nsec;
+  MT_CHECK_T(DataError, int64_t(open_file.st_size) >= size_,
+             "token file '{}' was truncated during the run to {} bytes (its header says {} "
+             "tokens, {} bytes) before reading byte offset {}; restore it, or restart from the "
+             "last checkpoint",
+             path_, int64_t(open_file.st_size), num_tokens_, size_, offset);
+  MT_CHECK_T(DataError, int64_t(open_file.st_size) == size_ && mtime == mtime_ns_,
+             "token file '{}' was modified during the run ({} -> {} bytes) before reading byte "
+             "offset {}; a run must see the same data throughout: restore it, or restart from "
+             "the last checkpoint",
+             path_, size_, int64_t(open_file.st_size), offset);
+}
+
 void TokenFile::read(int64_t pos, int64_t n, int32_t* out) const {
+  if (n <= 0) return;
+  const int64_t w = int64_t(width_);
+  const int64_t offset = kTokenFileHeaderBytes + pos * w;
+  MT_CHECK(pos >= 0 && pos + n <= num_tokens_, "token file '{}': read of [{}, {}) past {} tokens",
+           path_, pos, pos + n, num_tokens_);
+  check_unchanged(offset);
+  // uint16 tokens land in the upper half of `out` and are widened front to back: element i is read
+  // (bytes 2n + 2i) before out[i] (bytes 4i..4i+3) is written, and 4i + 4 <= 2n + 2(i + 1).
+  char* dst = reinterpret_cast<char*>(out) + (width_ == TokenWidth::kU16 ? size_t(n) * 2 : 0);
+  int64_t done = 0;
+  while (done < n * w) {
+    const ssize_t r = ::pread(fd_, dst + done, size_t(n * w - done), off_t(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    MT_CHECK_T(DataError, r >= 0, "token file '{}' cannot be read at byte offset {}: {}", path_,
+               offset + done, std::strerror(errno));
+    MT_CHECK_T(DataError, r > 0,
+               "token file '{}' ends at byte offset {}, but its header says {} tokens ({} bytes); "
+               "it was truncated during the run",
+               path_, offset + done, num_tokens_, kTokenFileHeaderBytes + num_tokens_ * w);
+    done += r;
+  }
   if (width_ == TokenWidth::kU16) {
-    const uint16_t* t = static_cast<const uint16_t*>(tokens_) + pos;
+    const uint16_t* t = reinterpret_cast<const uint16_t*>(dst);
     for (int64_t i = 0; i < n; ++i) out[i] = int32_t(t[i]);
-  } else {
-    std::memcpy(out, static_cast<const uint32_t*>(tokens_) + pos, size_t(n) * 4);
   }
 }
 
@@ -175,6 +228,8 @@ int64_t TokenFile::max_token() const {
 
 void TokenFile::release() {
   if (map_) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
   map_ = nullptr, map_bytes_ = 0, tokens_ = nullptr, num_tokens_ = 0;
 }
 
@@ -187,6 +242,8 @@ TokenFile::TokenFile(TokenFile&& o) noexcept
       tokens_(o.tokens_),
       num_tokens_(o.num_tokens_),
       width_(o.width_) {
+  fd_ = o.fd_, dev_ = o.dev_, ino_ = o.ino_, size_ = o.size_, mtime_ns_ = o.mtime_ns_;
+  o.fd_ = -1;
   o.map_ = nullptr, o.map_bytes_ = 0, o.tokens_ = nullptr, o.num_tokens_ = 0;
 }
 
@@ -195,6 +252,8 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
     release();
     path_ = std::move(o.path_), map_ = o.map_, map_bytes_ = o.map_bytes_, tokens_ = o.tokens_;
     num_tokens_ = o.num_tokens_, width_ = o.width_;
+    fd_ = o.fd_, dev_ = o.dev_, ino_ = o.ino_, size_ = o.size_, mtime_ns_ = o.mtime_ns_;
+    o.fd_ = -1;
     o.map_ = nullptr, o.map_bytes_ = 0, o.tokens_ = nullptr, o.num_tokens_ = 0;
   }
   return *this;

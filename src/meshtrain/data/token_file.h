@@ -50,7 +50,9 @@ class TokenFileWriter {
 void write_token_file(const std::string& path, std::span<const int32_t> tokens,
                       TokenWidth width = TokenWidth::kU16);
 
-// A read-only, memory-mapped token file of either width.
+// A read-only token file of either width: memory-mapped for the start-up scan (max_token, token),
+// read with pread during the run so that a file truncated, unreadable (EIO) or replaced after it
+// was opened is a DataError naming the file and the byte offset, never a SIGBUS or silent zeros.
 class TokenFile {
  public:
   explicit TokenFile(const std::string& path);  // DataError naming the path on any problem
@@ -66,7 +68,8 @@ class TokenFile {
     return width_ == TokenWidth::kU16 ? int32_t(static_cast<const uint16_t*>(tokens_)[i])
                                       : int32_t(static_cast<const uint32_t*>(tokens_)[i]);
   }
-  // Copies tokens [pos, pos + n) widened to int32.
+  // Copies tokens [pos, pos + n) widened to int32, from the file as opened: DataError when the
+  // path now names another file or a changed one (size, mtime), or the read fails or comes short.
   void read(int64_t pos, int64_t n, int32_t* out) const;
   // The largest id (a full scan); DataError for a uint32 id past 2^31 - 1. -1 when empty.
   int64_t max_token() const;
@@ -74,7 +77,12 @@ class TokenFile {
 
  private:
   void release();
+  void check_unchanged(int64_t offset) const;
   std::string path_;
+  int fd_ = -1;
+  // Identity of the file when opened: device, inode, size, modification time (ns).
+  uint64_t dev_ = 0, ino_ = 0;
+  int64_t size_ = 0, mtime_ns_ = 0;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   const void* tokens_ = nullptr;

@@ -175,6 +175,14 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("training", "max_norm", &J::training, &TrainingSection::max_norm,
                     "Max global gradient norm for clipping; 0 disables clipping")
                   .at_least(0));
+  t.push_back(field("training", "skip_nonfinite_steps", &J::training,
+                    &TrainingSection::skip_nonfinite_steps,
+                    "A step whose loss or gradient norm is NaN/Inf skips its update and training "
+                    "goes on (false: stop with an error naming the step)"));
+  t.push_back(field("training", "max_consecutive_skipped_steps", &J::training,
+                    &TrainingSection::max_consecutive_skipped_steps,
+                    "With skip_nonfinite_steps: stop after this many non-finite steps in a row")
+                  .at_least(1));
   t.push_back(field("training", "steps", &J::training, &TrainingSection::steps,
                     "How many train steps to run")
                   .at_least(1));
@@ -377,10 +385,31 @@ std::vector<Binding> make_bindings() {
                     "Also save right after step 1 (checks that checkpointing works early)"));
   t.push_back(field("checkpoint", "load_only", &J::checkpoint, &C::load_only,
                     "Load checkpoints as usual but never save one"));
+  t.push_back(field("checkpoint", "continue_on_save_error", &J::checkpoint,
+                    &C::continue_on_save_error,
+                    "A failed save (disk full, I/O error) is logged and training goes on, saving "
+                    "again at the next interval (false: the run stops)"));
   // [debug]
   t.push_back(field("debug", "dump_step", &J::debug, &DebugSection::dump_step,
                     "Write the weights (HF folder), global gradients and expert loads of this step "
                     "under <dump_folder>/debug/step-N (for an external reference); 0 = off")
+                  .at_least(0));
+  t.push_back(field("debug", "find_nonfinite_gradient", &J::debug,
+                    &DebugSection::find_nonfinite_gradient,
+                    "On a non-finite gradient norm, name the first parameter whose gradient is "
+                    "NaN/Inf (scans gradients on the host every step)"));
+  t.push_back(field("debug", "inject_stall_step", &J::debug, &DebugSection::inject_stall_step,
+                    "Fault injection: inject_stall_rank stalls forever at this step; 0 = off")
+                  .at_least(0));
+  t.push_back(field("debug", "inject_stall_rank", &J::debug, &DebugSection::inject_stall_rank,
+                    "Fault injection: the rank that stalls")
+                  .at_least(0));
+  t.push_back(field("debug", "inject_nan_step", &J::debug, &DebugSection::inject_nan_step,
+                    "Fault injection: inject_nan_rank writes a NaN into its first gradient at "
+                    "this step; 0 = off")
+                  .at_least(0));
+  t.push_back(field("debug", "inject_nan_rank", &J::debug, &DebugSection::inject_nan_rank,
+                    "Fault injection: the rank whose gradient gets the NaN")
                   .at_least(0));
   add_unhonoured_rows(t);
   return t;

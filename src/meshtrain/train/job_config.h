@@ -76,6 +76,11 @@ struct TrainingSection {
   int64_t global_batch_size = -1;  // -1 = local_batch_size * dp degree (no accumulation)
   int64_t seq_len = 2048;
   double max_norm = 1.0;  // 0 disables gradient clipping
+  // A step whose loss or gradient norm is NaN/Inf: false = stop with an error naming the step;
+  // true = skip its update (masters, moments and the Adam step untouched) and go on, stopping
+  // after max_consecutive_skipped_steps such steps in a row.
+  bool skip_nonfinite_steps = false;
+  int64_t max_consecutive_skipped_steps = 5;
   int64_t steps = 10000;
   int64_t seed = 0;  // torchtitan leaves it unset (random); meshtrain always seeds runs
   // "fortunes" | "text" | "jsonl" | "tokens", or torchtitan's "c4_test" | "c4" | "c4_validation"
@@ -134,6 +139,15 @@ struct DebugSection {
   // (an HF folder), its global gradients (gradients.safetensors, HF names), the tokens each
   // expert received and the windows it read: what an external reference needs to replay it.
   int64_t dump_step = 0;
+  // On a non-finite gradient norm, name the first parameter whose gradient holds a NaN/Inf (scans
+  // every gradient on the host each step: slow, for debugging).
+  bool find_nonfinite_gradient = false;
+  // Fault injection for tests: rank inject_*_rank, at step inject_*_step (0 = off), stalls
+  // forever before the step's first collective, or writes a NaN into its first gradient.
+  int64_t inject_stall_step = 0;
+  int64_t inject_stall_rank = 0;
+  int64_t inject_nan_step = 0;
+  int64_t inject_nan_rank = 0;
 };
 
 struct CommSection {
@@ -160,6 +174,9 @@ struct CheckpointSection {
   std::vector<std::string> excluded() const;
   bool enable_first_step_checkpoint = false;  // also save right after step 1
   bool load_only = false;                     // resume/load as usual, never save
+  // A failed save (ENOSPC, EIO, ...): false = stop the run; true = log it, remove the partial
+  // save, keep training and save again at the next interval.
+  bool continue_on_save_error = false;
 };
 
 struct JobConfig {

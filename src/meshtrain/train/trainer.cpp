@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "meshtrain/comm/collective_watchdog.h"
 #include "meshtrain/core/gpu_sharing.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/data/parallel_encode.h"
@@ -84,6 +85,7 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
         "--share-gpu ({}=1) has no effect with [job] device = \"cpu\": CPU ranks communicate "
         "over MPI, which runs any number of ranks on one host",
         kShareGpuVar));
+  fault_ = std::make_unique<FaultGuard>(cfg_, *backend_, world);
 
   // Mesh: one communicator per named group, over the world communicator of this device's backend.
   ParallelDims dims = parallel_dims_of(cfg_, world_size_);
@@ -227,7 +229,8 @@ void Trainer::start_checkpointing(const ParallelDims& dims) {
                       .async = k.async_mode != "disabled",
                       .exclude_from_loading = k.excluded(),
                       .first_step = k.enable_first_step_checkpoint,
-                      .load_only = k.load_only};
+                      .load_only = k.load_only,
+                      .continue_on_save_error = k.continue_on_save_error};
   CheckpointRun run{.config_toml = job_config_to_values(cfg_).to_toml(),
                     .layout = MeshDegrees{dims.world, dims.dp_replicate, dims.dp_shard, dims.cp,
                                           dims.tp, dims.ep, dims.etp},
@@ -325,8 +328,9 @@ HfRunContext Trainer::hf_context() {
       }};
 }
 
-StepRecord Trainer::step(bool read_back) {
+StepRecord Trainer::step(bool /*read_back*/) {
   ++step_;
+  fault_->begin_step(step_);
   const bool dump = debug_dump_ && debug_dump_->at(step_);
   if (dump) debug_dump_->weights(hf_context());
   Stream& s = backend_->stream(0);
@@ -350,11 +354,14 @@ StepRecord Trainer::step(bool read_back) {
   r.step = step_;
   r.lr = schedule_->lr_at_step(step_ + lr_offset_);
   if (dump) debug_dump_->gradients(hf_context());
+  fault_->before_optimizer(step_, *store_);
   optimizer_->step(step_ + optimizer_offset_, r.lr);
-  if (read_back || dump) {
-    r.loss = read_step_loss();
-    r.grad_norm = optimizer_->last_grad_norm();
-  }
+  // Every step: a NaN/Inf is caught on the step it appears (the AdamW kernels already skipped
+  // the update on a non-finite norm). A skipped step does not advance the Adam step.
+  r.loss = read_step_loss();
+  r.grad_norm = optimizer_->last_grad_norm();
+  r.skipped = fault_->after_optimizer(step_, r.loss, r.grad_norm, *checkpointer_);
+  if (r.skipped) --optimizer_offset_;
   if (dump) {
     std::vector<std::pair<std::string, std::vector<double>>> loads;
     for (MoeLayerLoad& l : moe_load()) loads.emplace_back(l.layer, std::move(l.tokens));
@@ -456,6 +463,11 @@ void Trainer::log_step(const StepRecord& r, double elapsed, int64_t steps_since)
   m.memory_pct = 100.0 * double(backend_->allocator().peak_bytes()) /
                  double(std::max<int64_t>(backend_->memory_capacity(), 1));
   add_moe_load_metrics(moe_load(), m);
+  if (cfg_.training.skip_nonfinite_steps) {
+    m.extra["skipped_steps"] = double(fault_->skipped_steps());
+    m.summary_suffix += fmt::format("{}skipped steps: {}", m.summary_suffix.empty() ? "" : "  ",
+                                    fault_->skipped_steps());
+  }
   metrics_->log(m);
 }
 
@@ -482,9 +494,24 @@ std::vector<StepRecord> Trainer::train() {
       metrics_->log_validation(validator_->run(r.step));
       t_last += std::chrono::steady_clock::now() - t_val;
     }
+    if (fault_->stop_agreed()) {
+      // Every rank stops after this same step: save it (unless it was just saved), then exit.
+      interrupted_ = fault_->stop_signal();
+      checkpointer_->save_now(step_, step_ + optimizer_offset_, step_ + lr_offset_, r.lr);
+      break;
+    }
   }
   backend_->synchronize();
   checkpointer_->wait();
+  if (interrupted_ != 0) {
+    const std::string saved = checkpointer_->latest_complete();
+    log_info("training interrupted by {} after step {} of {}: {}; exiting with status {}",
+             signal_name(interrupted_), step_, cfg_.training.steps,
+             saved.empty() ? std::string("checkpointing is off, nothing saved")
+                           : fmt::format("latest checkpoint {}", saved),
+             kExitInterrupted);
+    return logged;
+  }
   log_info("training done: {} steps", step_);
   return logged;
 }

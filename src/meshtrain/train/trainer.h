@@ -21,6 +21,7 @@
 #include "meshtrain/optim/param_store.h"
 #include "meshtrain/parallel/mesh.h"
 #include "meshtrain/train/debug_dump.h"
+#include "meshtrain/train/fault_guard.h"
 #include "meshtrain/train/input_feeder.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/metrics.h"
@@ -33,6 +34,8 @@ struct StepRecord {
   double loss = 0;       // global mean token loss of the step
   double grad_norm = 0;  // global norm before clipping
   double lr = 0;
+  bool skipped =
+      false;  // non-finite loss or norm, update skipped ([training] skip_nonfinite_steps)
 };
 
 // One MoE layer's expert load over the last optimizer step (global over data-parallel ranks).
@@ -59,10 +62,15 @@ class Trainer {
   Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& launch);
   ~Trainer();
 
-  // Runs [training] steps steps with logging; returns every logged step.
+  // Runs [training] steps steps with logging; returns every logged step. Stops early, after a
+  // step every rank agrees on, when a stop signal arrived (interrupted() then names it).
   std::vector<StepRecord> train();
-  // One optimizer step. `read_back` syncs to fetch loss and norm (logging steps).
+  // One optimizer step. Loss and norm are read back every step (the non-finite check); a
+  // non-finite one throws NonFiniteError or skips the update ([training] skip_nonfinite_steps).
+  // `read_back` is kept for callers; the values are always filled.
   StepRecord step(bool read_back);
+  // The stop signal (SIGTERM, SIGINT, SIGUSR2) that ended train() early; 0 when it ran to the end.
+  int interrupted() const { return interrupted_; }
   // The validation pass after the last step ([validation] enable), for tests.
   Validator* validator() { return validator_.get(); }
 
@@ -94,6 +102,8 @@ class Trainer {
   LaunchInfo launch_;
   int rank_ = 0, world_size_ = 1;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<FaultGuard> fault_;  // after backend_: its flag tensors are the backend's
+  int interrupted_ = 0;
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<GroupLayout> layout_;
   std::unique_ptr<Services> services_;

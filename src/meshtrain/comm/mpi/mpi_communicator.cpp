@@ -5,6 +5,7 @@
 
 #include <climits>
 
+#include "meshtrain/comm/collective_watchdog.h"
 #include "meshtrain/comm/comm_dtype.h"
 #include "meshtrain/comm/mpi/mpi_check.h"
 #include "meshtrain/core/check.h"
@@ -79,6 +80,7 @@ float* MpiCommunicator::staging(int slot, int64_t numel) {
 }
 
 Work MpiCommunicator::all_gather(const Tensor& in, const Tensor& out, Stream&) {
+  CollectiveScope in_flight("all_gather", name_);  // the watchdog names it if it hangs
   check_comm_tensor(in, device(), name_, "all_gather", "input");
   check_comm_tensor(out, device(), name_, "all_gather", "output");
   MT_CHECK_T(ValueError, in.dtype() == out.dtype(),
@@ -105,6 +107,7 @@ Work MpiCommunicator::all_gather(const Tensor& in, const Tensor& out, Stream&) {
 }
 
 Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, Stream&) {
+  CollectiveScope in_flight("reduce_scatter", name_);  // the watchdog names it if it hangs
   check_comm_tensor(in, device(), name_, "reduce_scatter", "input");
   check_comm_tensor(out, device(), name_, "reduce_scatter", "output");
   MT_CHECK_T(ValueError, in.dtype() == out.dtype(),
@@ -134,6 +137,7 @@ Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduce
 }
 
 Work MpiCommunicator::all_reduce(const Tensor& inout, ReduceOp op, Stream&) {
+  CollectiveScope in_flight("all_reduce", name_);  // the watchdog names it if it hangs
   check_comm_tensor(inout, device(), name_, "all_reduce", "inout");
   int n = mpi_count(inout.numel(), name_, "all_reduce", "buffer");
   if (comm_needs_staging(inout.dtype())) {
@@ -175,6 +179,7 @@ void MpiCommunicator::check_alltoall_counts(const std::vector<int64_t>& send_row
 Work MpiCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows,
                                    const Tensor& out, const std::vector<int64_t>& recv_rows,
                                    Stream&) {
+  CollectiveScope in_flight("all_to_all_v", name_);  // the watchdog names it if it hangs
   check_comm_tensor(in, device(), name_, "all_to_all_v", "input");
   check_comm_tensor(out, device(), name_, "all_to_all_v", "output");
   MT_CHECK_T(ValueError, in.dtype() == out.dtype(),
@@ -236,6 +241,7 @@ Work MpiCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>&
 }
 
 Work MpiCommunicator::broadcast(const Tensor& inout, int root, Stream&) {
+  CollectiveScope in_flight("broadcast", name_);  // the watchdog names it if it hangs
   check_comm_tensor(inout, device(), name_, "broadcast", "inout");
   MT_CHECK_T(ValueError, root >= 0 && root < size_,
              "communicator '{}': broadcast root must be in [0, {}), found {}", name_, size_, root);
@@ -244,9 +250,13 @@ Work MpiCommunicator::broadcast(const Tensor& inout, int root, Stream&) {
   return {};
 }
 
-void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  CollectiveScope in_flight("barrier", name_);
+  MPI_CHECK(MPI_Barrier(comm_));
+}
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {
+  CollectiveScope in_flight("split", name_);  // the watchdog names it if it hangs
   MPI_Comm sub = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
   if (sub == MPI_COMM_NULL) return nullptr;

@@ -1,9 +1,11 @@
 // CPU kernels of the optimizer ops. AdamW follows torch.optim.AdamW's arithmetic: decoupled decay
 // p *= 1 - lr·wd, m ← m + (1−β1)(g − m), v ← β2 v + (1−β2) g², p −= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) +
-// ε).
+// ε). A non-finite global norm (a NaN or Inf gradient anywhere) skips the update: parameters and
+// moments stay as they were, the gradient is still reset (the trainer stops or skips the step).
 #include "meshtrain/ops/optimizer_ops.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "meshtrain/ops/cpu/cpu_kernel.h"
 
@@ -41,7 +43,12 @@ MT_REGISTER_OPS {
   });
   add_cpu_kernel("adamw_update", [](KernelContext& c) {
     const Attrs& a = c.attrs();
-    double norm = std::sqrt(in_ptr<double>(c, 4)[0]);
+    const double norm_sq = in_ptr<double>(c, 4)[0];
+    if (!std::isfinite(norm_sq)) {
+      if (a.b("reset_grad", true)) std::memset(c.in[1].raw(), 0, c.in[1].nbytes());
+      return;
+    }
+    double norm = std::sqrt(norm_sq);
     double lr = c.scalar("lr_slot");
     int64_t step = int64_t(c.scalar("step_slot"));
     double clip = ops::clip_coefficient(norm, a.f("max_norm"));

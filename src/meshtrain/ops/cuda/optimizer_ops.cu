@@ -41,12 +41,19 @@ __device__ __forceinline__ void adamw_one(T& p, T& g, T& m, T& v, T clip, const 
 // The per-element update with the clip coefficient, which every thread computes once from the
 // squared norm on the device (bind, see elementwise_loop.cuh). Without a gradient reset the
 // gradient is an input stream (read, never stored).
+// A non-finite squared norm (a NaN or Inf gradient anywhere) skips the update, as the CPU kernel
+// does: parameters and moments stay, the gradient is still reset.
 template <typename T, bool kResetGrad>
 struct AdamWStep {
   T clip;
+  bool skip;
   AdamWArgs<T> a;
   using Grad = std::conditional_t<kResetGrad, T&, T>;
   __device__ __forceinline__ void operator()(T& p, Grad g, T& m, T& v) const {
+    if (skip) {
+      if constexpr (kResetGrad) g = T(0);
+      return;
+    }
     adamw_one(p, g, m, v, clip, a);
   }
 };
@@ -55,7 +62,8 @@ struct AdamWOp {
   const double* norm_sq;
   AdamWArgs<T> a;
   __device__ __forceinline__ AdamWStep<T, kResetGrad> bind() const {
-    return {T(clip_coefficient(norm_sq[0], a.max_norm)), a};
+    const double nsq = norm_sq[0];
+    return {T(clip_coefficient(nsq, a.max_norm)), !isfinite(nsq), a};
   }
 };
 
