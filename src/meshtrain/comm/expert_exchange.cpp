@@ -104,14 +104,32 @@ size_t exchange_bytes(const std::vector<TensorMeta>& in, const std::vector<Tenso
   return local.nbytes();  // the peer-major buffer never holds more rows than the local one
 }
 
+// The workspace as rows [n, D], made again only when the workspace moves (the row-capacity pool
+// rebinds it): making a Tensor allocates its Shape, which a step must not do.
+struct RowsView {
+  const void* at = nullptr;
+  size_t bytes = 0;
+  Tensor rows;
+  const Tensor& of(const Tensor& ws, int64_t D, DType dt, size_t row_bytes) {
+    if (at != ws.raw() || bytes != ws.nbytes() || rows.dtype() != dt) {
+      rows = Tensor(ws.storage(), ws.byte_offset(), Shape{ws.nbytes() / int64_t(row_bytes), D}, dt);
+      at = ws.raw();
+      bytes = ws.nbytes();
+    }
+    return rows;
+  }
+};
+
 // The exchange kernels read the counts their layer's ep_counts left on the host: no copy, no
 // wait here.
 KernelFn exchange_kernel(const Node& node, const Graph& graph, ExecServices* services,
                          bool to_experts) {
   std::shared_ptr<EpHost> h = ep_host_of(graph, node.inputs.at(2), services,
                                          to_experts ? "ep_to_experts" : "ep_from_experts");
-  return [h, to_experts](KernelContext& c) {
-    Communicator& comm = c.services->comm(c.attrs().group());
+  const MeshGroup group = node.attrs.group();  // read once: the lookup builds strings
+  auto view = std::make_shared<RowsView>();
+  return [h, to_experts, group, view](KernelContext& c) {
+    Communicator& comm = c.services->comm(group);
     Backend& be = c.services->backend();
     MT_CHECK(comm.size() == h->ep, "ep exchange: the group has {} ranks, the counts {} peers",
              comm.size(), h->ep);
@@ -119,8 +137,7 @@ KernelFn exchange_kernel(const Node& node, const Graph& graph, ExecServices* ser
     const Tensor& dst = c.out[0];
     const int64_t D = src.shape().numel() / std::max<int64_t>(src.shape()[0], 1);
     const size_t row_bytes = size_t(D) * dtype_size(src.dtype());
-    Tensor xbuf(c.workspace.storage(), c.workspace.byte_offset(),
-                Shape{c.workspace.nbytes() / int64_t(row_bytes), D}, src.dtype());
+    const Tensor& xbuf = view->of(c.workspace, D, src.dtype(), row_bytes);
     // Padding rows and slack are zeros (moe_permute's rule); the copies then fill the data rows.
     be.fill_zero(dst.raw(), dst.nbytes(), *c.stream);
     if (to_experts) {
@@ -139,8 +156,13 @@ KernelFn exchange_kernel(const Node& node, const Graph& graph, ExecServices* ser
 // groups built on the host and the buffers that follow sized for them (row_capacity.h).
 KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* services) {
   std::shared_ptr<EpHost> h = ep_host_of(graph, node.outputs.at(0), services, "ep_counts");
-  return [h](KernelContext& c) {
-    Communicator& comm = c.services->comm(c.attrs().group());
+  // Attributes read once here: a step's kernel allocates nothing.
+  const MeshGroup group = node.attrs.group();
+  const int64_t align = node.attrs.i("alignment"), planned = node.attrs.i("capacity");
+  const int64_t worst = node.attrs.i("worst_capacity");
+  auto send = std::make_shared<Tensor>();
+  return [h, group, align, planned, worst, send](KernelContext& c) {
+    Communicator& comm = c.services->comm(group);
     Backend& be = c.services->backend();
     MT_CHECK(comm.size() == h->ep, "ep_counts: the group has {} ranks, the graph {} peers",
              comm.size(), h->ep);
@@ -148,9 +170,11 @@ KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* servi
     const int64_t E = h->experts, el = h->el;
     const Tensor& groups = c.in[0];
     // Row 1 of groups is [ep, El] contiguous: peer p's block is its experts' counts.
-    Tensor send(groups.storage(), groups.byte_offset() + size_t(E) * 4, Shape{ep, el}, DType::kI32);
-    be.copy(h->send_counts.raw(), send.raw(), size_t(E) * 4, CopyKind::kDeviceToHost, *c.stream);
-    comm.all_to_all_v(send, h->ones, c.out[0], h->ones, *c.stream);
+    if (!send->defined() || send->raw() != static_cast<const char*>(groups.raw()) + size_t(E) * 4)
+      *send = Tensor(groups.storage(), groups.byte_offset() + size_t(E) * 4, Shape{ep, el},
+                     DType::kI32);  // once: a Shape allocates
+    be.copy(h->send_counts.raw(), send->raw(), size_t(E) * 4, CopyKind::kDeviceToHost, *c.stream);
+    comm.all_to_all_v(*send, h->ones, c.out[0], h->ones, *c.stream);
     be.copy(h->recv.raw(), c.out[0].raw(), h->recv.nbytes(), CopyKind::kDeviceToHost, *c.stream);
     // Host sync, the one of this MoE layer per micro-batch: NCCL and MPI take the per-peer row
     // counts of both exchanges on the host, and the received counts are data. The exchanges,
@@ -168,7 +192,6 @@ KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* servi
       h->send_rows[size_t(q)] = ns;
       h->recv_rows[size_t(q)] = nr;
     }
-    const int64_t align = c.attrs().i("alignment");
     int64_t at = 0;
     for (int64_t e = 0; e < el; ++e) {
       int64_t n = 0;
@@ -178,9 +201,8 @@ KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* servi
       at += (n + align - 1) / align * align;
     }
     h->rows = at;
-    const int64_t planned = c.attrs().i("capacity");
     // Rows beyond the plan: the buffers that follow move to a pool sized for this step (dropless).
-    const int64_t bound = c.capacity ? c.capacity->fit(at) : planned;
+    const int64_t bound = c.capacity ? c.capacity->fit(at, worst) : planned;
     MT_CHECK_T(ShapeError, at <= bound,
                "ep_counts: this rank receives {} expert rows but its buffers hold {} and nothing "
                "can grow them (the graph has no exchange after this count)",
@@ -204,12 +226,14 @@ int64_t ep_local_capacity(int ep, int64_t choices, int64_t local_experts, int64_
 EpLayout ep_counts(Builder& b, ValueId groups, MeshGroup group, int ep, int64_t alignment,
                    int64_t choices, double capacity_factor) {
   const int64_t E = b.shape(groups).rank() == 2 ? b.shape(groups)[1] : 0;
-  const int64_t cap = ep_local_capacity(ep, choices, E / std::max(ep, 1), alignment, capacity_factor);
+  const int64_t el = E / std::max(ep, 1);
+  const int64_t cap = ep_local_capacity(ep, choices, el, alignment, capacity_factor);
   auto outs = b.op("ep_counts", {groups},
                    {{"group", int64_t(group)},
                     {"ep", int64_t(ep)},
                     {"alignment", alignment},
-                    {"capacity", cap}});
+                    {"capacity", cap},
+                    {"worst_capacity", moe_capacity(int64_t(ep) * choices, el, alignment)}});
   return EpLayout{outs[0], outs[1], cap};
 }
 

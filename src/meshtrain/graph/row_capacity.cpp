@@ -56,7 +56,7 @@ class RowCapacityGroup final : public RowCapacity {
 
   int64_t planned_rows() const override { return planned_; }
 
-  int64_t fit(int64_t rows) override {
+  int64_t fit(int64_t rows, int64_t most) override {
     ++stats_.fits;
     stats_.max_fill = std::max(stats_.max_fill, double(rows) / double(std::max<int64_t>(planned_, 1)));
     if (rows <= planned_) {
@@ -65,9 +65,10 @@ class RowCapacityGroup final : public RowCapacity {
     }
     ++stats_.overflows;
     if (rows > pool_rows_) {
-      // Grow with headroom so that a slowly rising load does not reallocate every step.
-      const int64_t want = std::max(rows, pool_rows_ + pool_rows_ / 4);
-      const int64_t grown = (want + 63) / 64 * 64;
+      // Grow with headroom (a quarter more than this step needs, or than the pool held) so that
+      // a load that varies a little does not reallocate every step; never past the worst case.
+      const int64_t want = std::max(rows + rows / 4, pool_rows_ + pool_rows_ / 4);
+      const int64_t grown = std::max(rows, std::min(most, (want + 63) / 64 * 64));
       // The old pool may still be read by queued kernels of an earlier micro-batch: wait for the
       // device before releasing it (a step that overflows its plan, never an ordinary one).
       backend_.synchronize();

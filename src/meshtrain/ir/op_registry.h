@@ -81,8 +81,9 @@ class RowCapacity {
  public:
   virtual ~RowCapacity() = default;
   // Makes the buffers that follow this node hold at least `rows` rows (within the plan: nothing
-  // changes; beyond it: a pool, grown when needed); returns the rows now bound.
-  virtual int64_t fit(int64_t rows) = 0;
+  // changes; beyond it: a pool, grown when needed, never past `most`, the most rows the source
+  // can ever need); returns the rows now bound.
+  virtual int64_t fit(int64_t rows, int64_t most) = 0;
   virtual int64_t planned_rows() const = 0;
 };
 

@@ -33,6 +33,10 @@ struct StepRecord {
   double loss = 0;       // global mean token loss of the step
   double grad_norm = 0;  // global norm before clipping
   double lr = 0;
+  // Expert-parallel exchanges of this step on this rank, and those that needed more rows than
+  // planned ([parallelism] expert_capacity_factor; handled dropless, graph/row_capacity.h).
+  int64_t expert_exchanges = 0;
+  int64_t expert_overflows = 0;
 };
 
 // One MoE layer's expert load over the last optimizer step (global over data-parallel ranks).
@@ -69,6 +73,7 @@ class Trainer {
   const ParallelPlan& plan() const { return *plan_; }
   const ParamStore& params() const { return *store_; }
   const Executor& executor() const { return *exec_; }
+  Executor& executor() { return *exec_; }  // tests: node observers
   const Graph& graph() const { return graph_; }
   const ModelCounts& counts() const { return counts_; }
   // Expert load of every MoE layer in the last step (empty for dense models). Copies the small

@@ -22,6 +22,7 @@ struct Options {
   int steps = 20;
   double tol = 1e-5;
   bool compare_reshard = false;
+  bool expect_overflow = false;  // the layout's expert exchanges must exceed their plan
   std::vector<std::string> overrides;
 };
 
@@ -35,6 +36,8 @@ Options parse(int argc, char** argv) {
       o.tol = std::stod(argv[++i]);
     else if (a == "--compare-reshard")
       o.compare_reshard = true;
+    else if (a == "--expect-overflow")
+      o.expect_overflow = true;
     else
       o.overrides.push_back(a);
   }
@@ -127,6 +130,19 @@ int main(int argc, char** argv) {
         }
         std::printf("max relative difference: loss %.3e, grad_norm %.3e (tolerance %.1e)\n",
                     worst_loss, worst_norm, o.tol);
+      }
+      // Expert exchanges beyond the planned capacity, over all ranks (handled dropless).
+      Tensor ov = Tensor::from_vector(std::vector<int64_t>{got.expert_exchanges,
+                                                           got.expert_overflows},
+                                      Shape{2});
+      world.all_reduce(ov, ReduceOp::kSum, host->stream(0));
+      const int64_t exchanges = ov.data<int64_t>()[0], overflows = ov.data<int64_t>()[1];
+      if (rank == 0)
+        std::printf("expert exchanges over the planned capacity: %lld of %lld (all ranks)\n",
+                    (long long)overflows, (long long)exchanges);
+      if (o.expect_overflow && overflows == 0) {
+        ++failures;
+        if (rank == 0) std::printf("expected exchanges over the planned capacity, found none\n");
       }
       // Final parameters: rank 0 broadcasts each reference tensor; every rank checks its shard.
       const testing::ParamDiff pd = testing::compare_params(dist, ref_trainer.get(), world, *host);
