@@ -300,22 +300,18 @@ MT_REGISTER_OPS {
   for (DeviceType d : {DeviceType::kCPU, DeviceType::kCUDA}) {
     r.add_kernel_factory("ep_counts", d, ServicesKernelFactory(counts_kernel));
     // Scratch: the peer-major exchange buffer (see exchange_bytes).
-    r.add_kernel_factory(
-        "ep_to_experts", d,
-        ServicesKernelFactory([](const Node& n, const Graph& g, ExecServices* s) {
-          return exchange_kernel(n, g, s, true);
-        }),
-        [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out, const Attrs&) {
-          return exchange_bytes(in, out, true);
-        });
-    r.add_kernel_factory(
-        "ep_from_experts", d,
-        ServicesKernelFactory([](const Node& n, const Graph& g, ExecServices* s) {
-          return exchange_kernel(n, g, s, false);
-        }),
-        [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out, const Attrs&) {
-          return exchange_bytes(in, out, false);
-        });
+    r.add_kernel_factory("ep_to_experts", d,
+                         ServicesKernelFactory([](const Node& n, const Graph& g, ExecServices* s) {
+                           return exchange_kernel(n, g, s, true);
+                         }),
+                         [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                            const Attrs&) { return exchange_bytes(in, out, true); });
+    r.add_kernel_factory("ep_from_experts", d,
+                         ServicesKernelFactory([](const Node& n, const Graph& g, ExecServices* s) {
+                           return exchange_kernel(n, g, s, false);
+                         }),
+                         [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                            const Attrs&) { return exchange_bytes(in, out, false); });
   }
 }
 

@@ -31,7 +31,7 @@ class RowCapacityGroup final : public RowCapacity {
     ValueId value = kNoValue;  // kNoValue: a node's workspace
     Shape shape;               // the value's planned shape (rows = planned)
     DType dtype = DType::kI32;
-    int view_of = -1;          // >= 0: a view of that piece (no bytes of its own)
+    int view_of = -1;  // >= 0: a view of that piece (no bytes of its own)
   };
   struct Binding {
     RowCapacityPools::Site site;
@@ -58,7 +58,8 @@ class RowCapacityGroup final : public RowCapacity {
 
   int64_t fit(int64_t rows, int64_t most) override {
     ++stats_.fits;
-    stats_.max_fill = std::max(stats_.max_fill, double(rows) / double(std::max<int64_t>(planned_, 1)));
+    stats_.max_fill =
+        std::max(stats_.max_fill, double(rows) / double(std::max<int64_t>(planned_, 1)));
     if (rows <= planned_) {
       if (in_pool_) bind_planned();
       return planned_;
@@ -170,8 +171,8 @@ RowCapacityPools::RowCapacityPools(const Graph& graph, const MemoryPlan& plan, B
     for (size_t p = sp + 1; p < plan.schedule.size(); ++p) {
       const Node& n = graph.node(plan.schedule[p]);
       const OpDef& def = reg.op(n.op);
-      const bool seed = def.capacity_from_input >= 0 &&
-                        from_src(n.inputs.at(size_t(def.capacity_from_input)));
+      const bool seed =
+          def.capacity_from_input >= 0 && from_src(n.inputs.at(size_t(def.capacity_from_input)));
       bool touches = seed;
       std::vector<TensorMeta> ins, planned_outs;
       for (ValueId v : n.inputs) {
@@ -214,9 +215,10 @@ RowCapacityPools::RowCapacityPools(const Graph& graph, const MemoryPlan& plan, B
         const ValueId root = storage_root(graph, v);
         if (root != v) {
           view_of = piece_of[size_t(root)];
-          MT_CHECK_T(ConfigError, view_of >= 0 && plan.offset[size_t(v)] == plan.offset[size_t(root)],
-                     "expert capacity: {} at '{}' makes a view of expert rows at an offset",
-                     n.op, n.scope);
+          MT_CHECK_T(ConfigError,
+                     view_of >= 0 && plan.offset[size_t(v)] == plan.offset[size_t(root)],
+                     "expert capacity: {} at '{}' makes a view of expert rows at an offset", n.op,
+                     n.scope);
         }
         piece_of[size_t(v)] = group->add_value(v, a, view_of);
       }

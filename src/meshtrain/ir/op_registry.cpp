@@ -42,17 +42,17 @@ std::vector<std::string> OpRegistry::op_names() const {
 
 void OpRegistry::add_kernel(const std::string& op, DeviceType device, KernelFn fn,
                             WorkspaceFn workspace) {
-  add_kernel_factory(
-      op, device, KernelFactory([fn](const Node&, const Graph&) { return fn; }),
-      std::move(workspace));
+  add_kernel_factory(op, device, KernelFactory([fn](const Node&, const Graph&) { return fn; }),
+                     std::move(workspace));
 }
 
 void OpRegistry::add_kernel_factory(const std::string& op, DeviceType device, KernelFactory factory,
                                     WorkspaceFn workspace) {
   add_kernel_factory(
       op, device,
-      ServicesKernelFactory([f = std::move(factory)](const Node& n, const Graph& g,
-                                                     ExecServices*) { return f(n, g); }),
+      ServicesKernelFactory([f = std::move(factory)](const Node& n, const Graph& g, ExecServices*) {
+        return f(n, g);
+      }),
       std::move(workspace));
 }
 

@@ -2,10 +2,10 @@
 // no allocator call in the whole step (allocation_count) and no operator new inside the expert
 // exchange's nodes (ep_counts, ep_to_experts, ep_from_experts: a node observer counts around
 // them; the CPU reference kernels of other ops keep small host vectors, which is theirs to
-// fix), across steps of the DeepSeek-V3 debug model under FSDP + EP. With --all-to-one the routing sends every token to
-// one expert, so every exchange overflows its planned capacity: the first step grows the
-// row-capacity pool (the one allowed allocation), later steps with the same load reuse it.
-// Prints "EP ALLOC OK" on rank 0 when every rank passes.
+// fix), across steps of the DeepSeek-V3 debug model under FSDP + EP. With --all-to-one the routing
+// sends every token to one expert, so every exchange overflows its planned capacity: the first step
+// grows the row-capacity pool (the one allowed allocation), later steps with the same load reuse
+// it. Prints "EP ALLOC OK" on rank 0 when every rank passes.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -75,11 +75,12 @@ int main(int argc, char** argv) {
     }
     t.executor().set_observer(nullptr);
     const int64_t news = g_news.load(), new_allocs = allocation_count() - allocs;
-    std::printf("rank %d: %lld expert exchanges (%lld over the plan), %lld exchange nodes run; "
-                "%lld allocator calls in the steps, %lld operator new calls in the exchange "
-                "nodes (3 steps after the first)\n",
-                world.rank(), (long long)exchanges, (long long)overflows, (long long)obs.nodes,
-                (long long)new_allocs, (long long)news);
+    std::printf(
+        "rank %d: %lld expert exchanges (%lld over the plan), %lld exchange nodes run; "
+        "%lld allocator calls in the steps, %lld operator new calls in the exchange "
+        "nodes (3 steps after the first)\n",
+        world.rank(), (long long)exchanges, (long long)overflows, (long long)obs.nodes,
+        (long long)new_allocs, (long long)news);
     if (exchanges == 0 || obs.nodes == 0 || new_allocs != 0 || news != 0) ++failures;
   } catch (const Error& e) {
     std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
   }
   Tensor f = Tensor::from_vector(std::vector<int32_t>{failures}, Shape{1});
   world.all_reduce(f, ReduceOp::kSum, host->stream(0));
-  if (world.rank() == 0) std::printf("%s\n", f.data<int32_t>()[0] == 0 ? "EP ALLOC OK" : "EP ALLOC FAILED");
+  if (world.rank() == 0)
+    std::printf("%s\n", f.data<int32_t>()[0] == 0 ? "EP ALLOC OK" : "EP ALLOC FAILED");
   return f.data<int32_t>()[0] == 0 ? 0 : 1;
 }

@@ -132,9 +132,8 @@ int main(int argc, char** argv) {
                     worst_loss, worst_norm, o.tol);
       }
       // Expert exchanges beyond the planned capacity, over all ranks (handled dropless).
-      Tensor ov = Tensor::from_vector(std::vector<int64_t>{got.expert_exchanges,
-                                                           got.expert_overflows},
-                                      Shape{2});
+      Tensor ov = Tensor::from_vector(
+          std::vector<int64_t>{got.expert_exchanges, got.expert_overflows}, Shape{2});
       world.all_reduce(ov, ReduceOp::kSum, host->stream(0));
       const int64_t exchanges = ov.data<int64_t>()[0], overflows = ov.data<int64_t>()[1];
       if (rank == 0)

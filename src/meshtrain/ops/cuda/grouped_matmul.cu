@@ -94,9 +94,9 @@ struct GroupedState {
   int device = 0;
   int64_t experts = 0;
   DType dtype = DType::kF32;
-  std::shared_ptr<HostGroups> published;  // the plan's copy, or null: read here, with a sync
+  std::shared_ptr<HostGroups> published;        // the plan's copy, or null: read here, with a sync
   std::shared_ptr<ops::HostPublished> on_host;  // built on the host by the EP exchange
-  int32_t* own = nullptr;                 // pinned [2, E] when not published
+  int32_t* own = nullptr;                       // pinned [2, E] when not published
   const SlotStreams* slots = nullptr;
   std::unique_ptr<ExpertGemm> lt;  // the expert GEMM; null when an extent is 0 (no GEMM runs)
   char* slot_ws = nullptr;         // this launch's workspace, kSlots slices of slot_ws_bytes
