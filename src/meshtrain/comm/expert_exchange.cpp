@@ -2,10 +2,14 @@
 // moves rows between ranks; the regrouping is contiguous device copies on the node's stream).
 #include "meshtrain/comm/expert_exchange.h"
 
-#include <numeric>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/ir/op_registry.h"
+#include "meshtrain/ops/host_published.h"
 #include "meshtrain/ops/moe_permute.h"
 
 namespace meshtrain::ops {
@@ -16,57 +20,81 @@ void check_int_matrix(const TensorMeta& m, int64_t rows, const char* what, const
              "{}: {} must be int32 [{}, n], found {} {}", op, what, rows, m.dtype, m.shape);
 }
 
-// Host copies of the count tensors a kernel needs, made at launch (see the header comment).
-struct HostCounts {
-  std::vector<int32_t> groups;  // [2, E]
-  std::vector<int32_t> recv;    // [ep, El]
-  std::vector<int32_t> local;   // [2, El]
+// One MoE layer's host state, shared by its ep_counts and its exchange nodes (forward, backward
+// and any recomputation: all of a micro-batch's exchanges of a layer use the counts that layer's
+// ep_counts received). The host buffers come from the backend's staging allocator (pinned on
+// CUDA) when the executor prepares the graph, so a step copies counts without allocating; the
+// per-peer row vectors are sized there too. Written by ep_counts after its host sync, read at
+// launch by the exchange kernels and (published) by the grouped GEMMs, in schedule order on the
+// executor's one thread; the next micro-batch's ep_counts rewrites them only after its own sync
+// of the same stream, so no earlier copy from them is still in flight.
+struct EpHost {
+  int ep = 1;
+  int64_t experts = 0, el = 0;
+  Tensor send_counts;  // [E] int32: row 1 of this rank's groups (rows per expert, all experts)
+  Tensor recv;         // [ep, El] int32: rows received per (peer, local expert)
+  Tensor local;        // [2, El] int32: start row / count of each local expert (published)
+  std::vector<int64_t> send_rows, recv_rows;  // rows per peer, for all_to_all_v
+  std::vector<int64_t> next_row;              // [El] scratch of regroup
+  std::vector<int64_t> ones;                  // [ep] of 1: the count exchange's rows per peer
+  std::shared_ptr<HostPublished> published;
+  int64_t rows = 0;  // padded local rows of the current micro-batch
 };
 
-void read_to_host(KernelContext& c, const Tensor& t, std::vector<int32_t>& out) {
-  out.resize(size_t(t.numel()));
-  c.services->backend().copy(out.data(), t.raw(), t.nbytes(), CopyKind::kDeviceToHost, *c.stream);
-}
-
-// Rows per peer of this rank's expert-major buffer, and per (peer, local expert) of the received.
-struct Plan {
-  int ep = 1, el = 0;
-  std::vector<int64_t> send_rows, recv_rows;
-};
-
-Plan make_plan(const HostCounts& h, int ep) {
-  Plan p;
-  p.ep = ep;
-  p.el = int(h.recv.size()) / ep;
-  const int64_t E = int64_t(h.groups.size()) / 2;
-  p.send_rows.assign(size_t(ep), 0);
-  p.recv_rows.assign(size_t(ep), 0);
-  for (int64_t e = 0; e < E; ++e) p.send_rows[size_t(e / p.el)] += h.groups[size_t(E + e)];
-  for (int q = 0; q < ep; ++q)
-    for (int e = 0; e < p.el; ++e) p.recv_rows[size_t(q)] += h.recv[size_t(q * p.el + e)];
-  return p;
+std::shared_ptr<EpHost> ep_host_of(const Graph& graph, ValueId recv_counts, ExecServices* services,
+                                   const char* op) {
+  MT_CHECK(services != nullptr, "{} needs the mesh's communicators (an executor with services)",
+           op);
+  static std::mutex mu;
+  static std::map<std::pair<const Graph*, ValueId>, std::weak_ptr<EpHost>> states;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = states[{&graph, recv_counts}];
+  std::shared_ptr<EpHost> h = slot.lock();
+  if (h) return h;
+  const Node& counts = graph.node(graph.value(recv_counts).producer);
+  const Shape rs = graph.value(recv_counts).meta.shape;  // [ep, El]
+  h = std::make_shared<EpHost>();
+  h->ep = int(rs[0]);
+  h->el = rs[1];
+  h->experts = graph.value(counts.inputs.at(0)).meta.shape[1];
+  Allocator& staging = services->backend().host_staging_allocator();
+  h->send_counts = Tensor::empty(Shape{h->experts}, DType::kI32, staging);
+  h->recv = Tensor::empty(rs, DType::kI32, staging);
+  h->local = Tensor::empty(Shape{2, h->el}, DType::kI32, staging);
+  std::memset(h->local.raw(), 0, h->local.nbytes());
+  h->send_rows.assign(size_t(h->ep), 0);
+  h->recv_rows.assign(size_t(h->ep), 0);
+  h->next_row.assign(size_t(h->el), 0);
+  h->ones.assign(size_t(h->ep), 1);
+  h->published = host_published_of(graph, counts.outputs.at(1));
+  h->published->data = h->local.data<int32_t>();
+  h->published->count = 2 * h->el;
+  slot = h;
+  return h;
 }
 
 // Moves (peer, expert) blocks between the peer-major exchange buffer and the local expert-major
 // buffer: to_local copies exchange -> local, else local -> exchange.
-void regroup(KernelContext& c, const HostCounts& h, const Plan& p, char* exchange, char* local,
-             size_t row_bytes, bool to_local) {
+void regroup(KernelContext& c, EpHost& h, char* exchange, char* local, size_t row_bytes,
+             bool to_local) {
   Backend& be = c.services->backend();
+  const int32_t* recv = h.recv.data<int32_t>();
+  const int32_t* start = h.local.data<int32_t>();
+  // Peer-major walk; each local expert's write position advances as its peers' blocks arrive.
+  for (int64_t e = 0; e < h.el; ++e) h.next_row[size_t(e)] = start[e];
   int64_t at = 0;  // row in the peer-major buffer
-  std::vector<int64_t> next(size_t(p.el));
-  for (int e = 0; e < p.el; ++e) next[size_t(e)] = h.local[size_t(e)];
-  for (int q = 0; q < p.ep; ++q)
-    for (int e = 0; e < p.el; ++e) {
-      int64_t n = h.recv[size_t(q * p.el + e)];
+  for (int q = 0; q < h.ep; ++q)
+    for (int64_t e = 0; e < h.el; ++e) {
+      const int64_t n = recv[q * h.el + e];
       if (n == 0) continue;
       char* x = exchange + size_t(at) * row_bytes;
-      char* l = local + size_t(next[size_t(e)]) * row_bytes;
+      char* l = local + size_t(h.next_row[size_t(e)]) * row_bytes;
       if (to_local)
         be.copy(l, x, size_t(n) * row_bytes, CopyKind::kDeviceToDevice, *c.stream);
       else
         be.copy(x, l, size_t(n) * row_bytes, CopyKind::kDeviceToDevice, *c.stream);
       at += n;
-      next[size_t(e)] += n;
+      h.next_row[size_t(e)] += n;
     }
 }
 
@@ -76,46 +104,137 @@ size_t exchange_bytes(const std::vector<TensorMeta>& in, const std::vector<Tenso
   return local.nbytes();  // the peer-major buffer never holds more rows than the local one
 }
 
-KernelFn exchange_kernel(bool to_experts) {
-  return [to_experts](KernelContext& c) {
-    MT_CHECK(c.services != nullptr, "ep exchange needs the mesh's communicators");
-    Communicator& comm = c.services->comm(c.attrs().group());
+// The workspace as rows [n, D], made again only when the workspace moves (the row-capacity pool
+// rebinds it): making a Tensor allocates its Shape, which a step must not do.
+struct RowsView {
+  const void* at = nullptr;
+  size_t bytes = 0;
+  Tensor rows;
+  const Tensor& of(const Tensor& ws, int64_t D, DType dt, size_t row_bytes) {
+    if (at != ws.raw() || bytes != ws.nbytes() || rows.dtype() != dt) {
+      rows = Tensor(ws.storage(), ws.byte_offset(), Shape{ws.nbytes() / int64_t(row_bytes), D}, dt);
+      at = ws.raw();
+      bytes = ws.nbytes();
+    }
+    return rows;
+  }
+};
+
+// The exchange kernels read the counts their layer's ep_counts left on the host: no copy, no
+// wait here.
+KernelFn exchange_kernel(const Node& node, const Graph& graph, ExecServices* services,
+                         bool to_experts) {
+  std::shared_ptr<EpHost> h = ep_host_of(graph, node.inputs.at(2), services,
+                                         to_experts ? "ep_to_experts" : "ep_from_experts");
+  const MeshGroup group = node.attrs.group();  // read once: the lookup builds strings
+  auto view = std::make_shared<RowsView>();
+  return [h, to_experts, group, view](KernelContext& c) {
+    Communicator& comm = c.services->comm(group);
     Backend& be = c.services->backend();
-    HostCounts h;
-    read_to_host(c, c.in[1], h.groups);
-    read_to_host(c, c.in[2], h.recv);
-    read_to_host(c, c.in[3], h.local);
-    // Host sync: NCCL/MPI need the per-peer row counts on the host (see the header).
-    c.stream->synchronize();
-    const Plan p = make_plan(h, comm.size());
+    MT_CHECK(comm.size() == h->ep, "ep exchange: the group has {} ranks, the counts {} peers",
+             comm.size(), h->ep);
     const Tensor& src = c.in[0];
     const Tensor& dst = c.out[0];
     const int64_t D = src.shape().numel() / std::max<int64_t>(src.shape()[0], 1);
     const size_t row_bytes = size_t(D) * dtype_size(src.dtype());
-    Tensor xbuf(c.workspace.storage(), c.workspace.byte_offset(),
-                Shape{c.workspace.nbytes() / int64_t(row_bytes), D}, src.dtype());
+    const Tensor& xbuf = view->of(c.workspace, D, src.dtype(), row_bytes);
     // Padding rows and slack are zeros (moe_permute's rule); the copies then fill the data rows.
     be.fill_zero(dst.raw(), dst.nbytes(), *c.stream);
     if (to_experts) {
-      comm.all_to_all_v(src, p.send_rows, xbuf, p.recv_rows, *c.stream);
-      regroup(c, h, p, static_cast<char*>(xbuf.raw()), static_cast<char*>(dst.raw()), row_bytes,
+      comm.all_to_all_v(src, h->send_rows, xbuf, h->recv_rows, *c.stream);
+      regroup(c, *h, static_cast<char*>(xbuf.raw()), static_cast<char*>(dst.raw()), row_bytes,
               true);
     } else {
-      regroup(c, h, p, static_cast<char*>(xbuf.raw()), static_cast<char*>(src.raw()), row_bytes,
+      regroup(c, *h, static_cast<char*>(xbuf.raw()), static_cast<char*>(src.raw()), row_bytes,
               false);
-      comm.all_to_all_v(xbuf, p.recv_rows, dst, p.send_rows, *c.stream);
+      comm.all_to_all_v(xbuf, h->recv_rows, dst, h->send_rows, *c.stream);
     }
+  };
+}
+
+// ep_counts: the count exchange on the device, then the layer's one host wait, then the local
+// groups built on the host and the buffers that follow sized for them (row_capacity.h).
+KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* services) {
+  std::shared_ptr<EpHost> h = ep_host_of(graph, node.outputs.at(0), services, "ep_counts");
+  // Attributes read once here: a step's kernel allocates nothing.
+  const MeshGroup group = node.attrs.group();
+  const int64_t align = node.attrs.i("alignment"), planned = node.attrs.i("capacity");
+  const int64_t worst = node.attrs.i("worst_capacity");
+  auto send = std::make_shared<Tensor>();
+  return [h, group, align, planned, worst, send](KernelContext& c) {
+    Communicator& comm = c.services->comm(group);
+    Backend& be = c.services->backend();
+    MT_CHECK(comm.size() == h->ep, "ep_counts: the group has {} ranks, the graph {} peers",
+             comm.size(), h->ep);
+    const int ep = h->ep;
+    const int64_t E = h->experts, el = h->el;
+    const Tensor& groups = c.in[0];
+    // Row 1 of groups is [ep, El] contiguous: peer p's block is its experts' counts.
+    if (!send->defined() || send->raw() != static_cast<const char*>(groups.raw()) + size_t(E) * 4)
+      *send = Tensor(groups.storage(), groups.byte_offset() + size_t(E) * 4, Shape{ep, el},
+                     DType::kI32);  // once: a Shape allocates
+    be.copy(h->send_counts.raw(), send->raw(), size_t(E) * 4, CopyKind::kDeviceToHost, *c.stream);
+    comm.all_to_all_v(*send, h->ones, c.out[0], h->ones, *c.stream);
+    be.copy(h->recv.raw(), c.out[0].raw(), h->recv.nbytes(), CopyKind::kDeviceToHost, *c.stream);
+    // Host sync, the one of this MoE layer per micro-batch: NCCL and MPI take the per-peer row
+    // counts of both exchanges on the host, and the received counts are data. The exchanges,
+    // their backward and the grouped GEMMs reuse what this wait brought (no wait of their own).
+    c.stream->synchronize();
+    const int32_t* sc = h->send_counts.data<int32_t>();
+    const int32_t* recv = h->recv.data<int32_t>();
+    int32_t* local = h->local.data<int32_t>();
+    for (int q = 0; q < ep; ++q) {
+      int64_t ns = 0, nr = 0;
+      for (int64_t e = 0; e < el; ++e) {
+        ns += sc[q * el + e];
+        nr += recv[q * el + e];
+      }
+      h->send_rows[size_t(q)] = ns;
+      h->recv_rows[size_t(q)] = nr;
+    }
+    int64_t at = 0;
+    for (int64_t e = 0; e < el; ++e) {
+      int64_t n = 0;
+      for (int q = 0; q < ep; ++q) n += recv[q * el + e];
+      local[e] = int32_t(at);
+      local[el + e] = int32_t(n);
+      at += (n + align - 1) / align * align;
+    }
+    h->rows = at;
+    // Rows beyond the plan: the buffers that follow move to a pool sized for this step (dropless).
+    const int64_t bound = c.capacity ? c.capacity->fit(at, worst) : planned;
+    MT_CHECK_T(ShapeError, at <= bound,
+               "ep_counts: this rank receives {} expert rows but its buffers hold {} and nothing "
+               "can grow them (the graph has no exchange after this count)",
+               at, bound);
+    // From the pinned copy: it is rewritten only after the next sync of this stream.
+    be.copy(c.out[1].raw(), local, size_t(2 * el) * 4, CopyKind::kHostToDevice, *c.stream);
   };
 }
 
 }  // namespace
 
+int64_t ep_local_capacity(int ep, int64_t choices, int64_t local_experts, int64_t alignment,
+                          double capacity_factor) {
+  MT_CHECK_T(ConfigError, capacity_factor > 0,
+             "[parallelism] expert_capacity_factor must be > 0, found {}", capacity_factor);
+  const int64_t worst = moe_capacity(int64_t(ep) * choices, local_experts, alignment);
+  const auto expected = int64_t(std::ceil(capacity_factor * double(choices)));
+  return std::min(worst, moe_capacity(expected, local_experts, alignment));
+}
+
 EpLayout ep_counts(Builder& b, ValueId groups, MeshGroup group, int ep, int64_t alignment,
-                   int64_t choices) {
+                   int64_t choices, double capacity_factor) {
+  const int64_t E = b.shape(groups).rank() == 2 ? b.shape(groups)[1] : 0;
+  const int64_t el = E / std::max(ep, 1);
+  const int64_t cap = ep_local_capacity(ep, choices, el, alignment, capacity_factor);
   auto outs = b.op("ep_counts", {groups},
-                   {{"group", int64_t(group)}, {"ep", int64_t(ep)}, {"alignment", alignment}});
-  const int64_t el = b.shape(outs[1])[1];
-  return EpLayout{outs[0], outs[1], moe_capacity(int64_t(ep) * choices, el, alignment)};
+                   {{"group", int64_t(group)},
+                    {"ep", int64_t(ep)},
+                    {"alignment", alignment},
+                    {"capacity", cap},
+                    {"worst_capacity", moe_capacity(int64_t(ep) * choices, el, alignment)}});
+  return EpLayout{outs[0], outs[1], cap};
 }
 
 ValueId ep_to_experts(Builder& b, ValueId x_perm, ValueId groups, const EpLayout& layout,
@@ -145,7 +264,9 @@ MT_REGISTER_OPS {
                                                  {Shape{2, E / ep}, DType::kI32}};
                 },
             .collective = Collective::kExchange,
-            .recomputable = false});
+            .recomputable = false,
+            .capacity_source = true,
+            .host_published_output = 1});
   auto infer_exchange = [](const std::vector<TensorMeta>& in, const Attrs& a) {
     MT_CHECK_T(ShapeError, in.size() == 4 && in[0].shape.rank() == 2,
                "ep exchange takes rows [n, D], groups, recv_counts and local_groups");
@@ -162,7 +283,8 @@ MT_REGISTER_OPS {
                       kNoValue, kNoValue, kNoValue};
                 },
             .collective = Collective::kExchange,
-            .recomputable = false});
+            .recomputable = false,
+            .capacity_from_input = 2});
   r.add_op({.name = "ep_from_experts",
             .infer = infer_exchange,
             .backward =
@@ -175,44 +297,21 @@ MT_REGISTER_OPS {
             .collective = Collective::kExchange,
             .recomputable = false});
 
-  KernelFn counts = [](KernelContext& c) {
-    MT_CHECK(c.services != nullptr, "ep_counts needs the mesh's communicators");
-    Communicator& comm = c.services->comm(c.attrs().group());
-    Backend& be = c.services->backend();
-    const int ep = comm.size();
-    const Tensor& groups = c.in[0];
-    const int64_t E = groups.shape()[1], el = E / ep;
-    // Row 1 of groups is [ep, El] contiguous: peer p's block is its experts' counts.
-    Tensor send(groups.storage(), groups.byte_offset() + size_t(E) * 4, Shape{ep, el}, DType::kI32);
-    comm.all_to_all_v(send, std::vector<int64_t>(size_t(ep), 1), c.out[0],
-                      std::vector<int64_t>(size_t(ep), 1), *c.stream);
-    std::vector<int32_t> recv;
-    read_to_host(c, c.out[0], recv);
-    // Host sync: the local groups are built on the host from the received counts.
-    c.stream->synchronize();
-    const int64_t align = c.attrs().i("alignment");
-    std::vector<int32_t> local(size_t(2 * el));
-    int64_t at = 0;
-    for (int64_t e = 0; e < el; ++e) {
-      int64_t n = 0;
-      for (int q = 0; q < ep; ++q) n += recv[size_t(q * el + e)];
-      local[size_t(e)] = int32_t(at);
-      local[size_t(el + e)] = int32_t(n);
-      at += (n + align - 1) / align * align;
-    }
-    be.copy(c.out[1].raw(), local.data(), local.size() * 4, CopyKind::kHostToDevice, *c.stream);
-    // The copy reads `local` on the host: finish it before the vector goes away.
-    c.stream->synchronize();
-  };
   for (DeviceType d : {DeviceType::kCPU, DeviceType::kCUDA}) {
-    r.add_kernel("ep_counts", d, counts);
+    r.add_kernel_factory("ep_counts", d, ServicesKernelFactory(counts_kernel));
     // Scratch: the peer-major exchange buffer (see exchange_bytes).
-    r.add_kernel("ep_to_experts", d, exchange_kernel(true),
-                 [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                    const Attrs&) { return exchange_bytes(in, out, true); });
-    r.add_kernel("ep_from_experts", d, exchange_kernel(false),
-                 [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                    const Attrs&) { return exchange_bytes(in, out, false); });
+    r.add_kernel_factory("ep_to_experts", d,
+                         ServicesKernelFactory([](const Node& n, const Graph& g, ExecServices* s) {
+                           return exchange_kernel(n, g, s, true);
+                         }),
+                         [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                            const Attrs&) { return exchange_bytes(in, out, true); });
+    r.add_kernel_factory("ep_from_experts", d,
+                         ServicesKernelFactory([](const Node& n, const Graph& g, ExecServices* s) {
+                           return exchange_kernel(n, g, s, false);
+                         }),
+                         [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                            const Attrs&) { return exchange_bytes(in, out, false); });
   }
 }
 

@@ -10,8 +10,17 @@
 // count exchange happens in backward or in a recomputation (activation checkpointing keeps these
 // ops' outputs: the token exchange is saved, never repeated).
 //
-// Host reads: NCCL and MPI take per-peer row counts on the host, so the kernels copy the (small)
-// count tensors to the host and wait for that copy: the one host synchronisation a step has.
+// Host reads: NCCL and MPI take per-peer row counts on the host. ep_counts copies its (small)
+// count tensors into pinned host buffers made at prepare time and waits for them: the one host
+// wait of a MoE layer per micro-batch (in counts_kernel). The exchanges, their backward and the
+// grouped GEMMs then read those host copies without copying or waiting again.
+//
+// Memory: the local expert-major buffer is planned for the expected load with headroom
+// (capacity factor × the rows this rank routes, which is what it receives when routing is
+// balanced), not for the worst case (every row of every peer), which would grow expert
+// activations with EP. A micro-batch that needs more rows stays dropless: ep_counts, at its host
+// sync point, moves the buffers that follow it to a pool grown for that step
+// (graph/row_capacity.h); the trainer logs how often that happened.
 #pragma once
 
 #include <string>
@@ -23,14 +32,18 @@ namespace meshtrain::ops {
 struct EpLayout {
   ValueId recv_counts;   // [ep, E_local] int32: rows this rank receives per (peer, local expert)
   ValueId local_groups;  // [2, E_local] int32: start row / count of each local expert
-  int64_t local_capacity = 0;  // rows of the local expert-major buffer (worst case)
+  int64_t local_capacity = 0;  // planned rows of the local expert-major buffer
 };
 
+// Planned rows of the local buffer: `choices` × capacity_factor rows padded over the local
+// experts, at most the worst case (ep × choices padded).
+int64_t ep_local_capacity(int ep, int64_t choices, int64_t local_experts, int64_t alignment,
+                          double capacity_factor);
+
 // groups [2, E] int32 from moe_dispatch_plan with alignment 1 over `choices` routed rows; `ep`
-// ranks in `group`. The local buffer is capacity-bounded for the worst case: every choice of
-// every peer routed to this rank's experts.
+// ranks in `group`. The local buffer is planned at ep_local_capacity.
 EpLayout ep_counts(Builder& b, ValueId groups, MeshGroup group, int ep, int64_t alignment,
-                   int64_t choices);
+                   int64_t choices, double capacity_factor);
 ValueId ep_to_experts(Builder& b, ValueId x_perm, ValueId groups, const EpLayout& layout,
                       MeshGroup group);
 ValueId ep_from_experts(Builder& b, ValueId y_local, ValueId groups, const EpLayout& layout,

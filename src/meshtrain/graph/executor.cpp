@@ -81,7 +81,7 @@ void Executor::prepare() {
     const Node& n = graph_.node(id);
     Step s;
     s.node = id;
-    s.fn = reg.make_kernel(n, graph_, dev);
+    s.fn = reg.make_kernel(n, graph_, dev, services_);
     s.ctx.node = &n;
     for (ValueId v : n.inputs) s.ctx.in.push_back(tensors_[size_t(v)]);
     for (ValueId v : n.outputs) s.ctx.out.push_back(tensors_[size_t(v)]);
@@ -160,6 +160,9 @@ void Executor::prepare() {
         for (auto [st, u] : last_per_stream) add_wait(b.first, u);
       }
   }
+  std::vector<KernelContext*> contexts;
+  for (Step& s : steps_) contexts.push_back(&s.ctx);
+  row_pools_ = std::make_unique<RowCapacityPools>(graph_, plan_, backend_, std::move(contexts));
   prepared_ = true;
 }
 

@@ -1,7 +1,8 @@
 // Executor: binds every value of a planned graph to memory once (one arena allocation, one input
 // region, persistent tensors bound by their owners), resolves each node's kernel once, then runs
 // the schedule every step without allocating. Cross-stream order is kept with events computed at
-// prepare time (producer->consumer edges and arena reuse across streams).
+// prepare time (producer->consumer edges and arena reuse across streams). Expert-exchange rows
+// beyond the plan are rebound to a pool at the exchange's host sync point (row_capacity.h).
 #pragma once
 
 #include <functional>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "meshtrain/graph/memory_plan.h"
+#include "meshtrain/graph/row_capacity.h"
 #include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain {
@@ -39,6 +41,10 @@ class Executor {
   const MemoryPlan& plan() const { return plan_; }
   Backend& backend() { return backend_; }
   void set_observer(NodeObserver* obs) { observer_ = obs; }
+  // Expert-exchange rows beyond the plan since prepare (row_capacity.h); zeros without EP.
+  RowCapacityStats row_capacity_stats() const {
+    return row_pools_ ? row_pools_->stats() : RowCapacityStats{};
+  }
 
  private:
   struct Step {
@@ -59,6 +65,7 @@ class Executor {
   std::shared_ptr<Storage> inputs_;
   std::vector<Step> steps_;
   std::vector<std::unique_ptr<Event>> events_;
+  std::unique_ptr<RowCapacityPools> row_pools_;  // rebinds steps_' contexts: declared after them
   bool prepared_ = false;
 };
 

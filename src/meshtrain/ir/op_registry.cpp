@@ -42,12 +42,22 @@ std::vector<std::string> OpRegistry::op_names() const {
 
 void OpRegistry::add_kernel(const std::string& op, DeviceType device, KernelFn fn,
                             WorkspaceFn workspace) {
-  add_kernel_factory(
-      op, device, [fn](const Node&, const Graph&) { return fn; }, std::move(workspace));
+  add_kernel_factory(op, device, KernelFactory([fn](const Node&, const Graph&) { return fn; }),
+                     std::move(workspace));
 }
 
 void OpRegistry::add_kernel_factory(const std::string& op, DeviceType device, KernelFactory factory,
                                     WorkspaceFn workspace) {
+  add_kernel_factory(
+      op, device,
+      ServicesKernelFactory([f = std::move(factory)](const Node& n, const Graph& g, ExecServices*) {
+        return f(n, g);
+      }),
+      std::move(workspace));
+}
+
+void OpRegistry::add_kernel_factory(const std::string& op, DeviceType device,
+                                    ServicesKernelFactory factory, WorkspaceFn workspace) {
   auto key = std::make_pair(op, device);
   MT_CHECK(kernels_.count(key) == 0, "kernel for op {} registered twice", op);
   kernels_.emplace(key, Kernel{std::move(factory), std::move(workspace)});
@@ -64,8 +74,9 @@ const OpRegistry::Kernel& OpRegistry::kernel(const std::string& op, DeviceType d
   return it->second;
 }
 
-KernelFn OpRegistry::make_kernel(const Node& node, const Graph& graph, DeviceType device) const {
-  return kernel(node.op, device).factory(node, graph);
+KernelFn OpRegistry::make_kernel(const Node& node, const Graph& graph, DeviceType device,
+                                 ExecServices* services) const {
+  return kernel(node.op, device).factory(node, graph, services);
 }
 
 size_t OpRegistry::workspace_bytes(const Node& node, const Graph& graph, DeviceType device) const {
@@ -75,6 +86,13 @@ size_t OpRegistry::workspace_bytes(const Node& node, const Graph& graph, DeviceT
   for (ValueId v : node.inputs) ins.push_back(graph.value(v).meta);
   for (ValueId v : node.outputs) outs.push_back(graph.value(v).meta);
   return k.workspace(ins, outs, node.attrs);
+}
+
+size_t OpRegistry::workspace_bytes(const Node& node, DeviceType device,
+                                   const std::vector<TensorMeta>& inputs,
+                                   const std::vector<TensorMeta>& outputs) const {
+  const Kernel& k = kernel(node.op, device);
+  return k.workspace ? k.workspace(inputs, outputs, node.attrs) : 0;
 }
 
 }  // namespace meshtrain

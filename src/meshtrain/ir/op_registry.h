@@ -65,7 +65,26 @@ struct OpDef {
   // Output = zeros of extent attr "full_extent" along attr "dim", input 0 placed at attr
   // "start": the gradient of a slice.
   bool pads_slice = false;
+  // Data-sized rows (the expert-parallel exchange, graph/row_capacity.h): a capacity source's
+  // kernel learns at its host sync point how many rows the step needs and calls
+  // KernelContext::capacity->fit(rows); an op with capacity_from_input >= 0 has an output 0 whose
+  // rows follow the source that produced that input (planned at attr "capacity").
+  bool capacity_source = false;
+  int capacity_from_input = -1;
+  // >= 0: the kernel also publishes that output on the host (ops/host_published.h).
+  int host_published_output = -1;
   bool is_collective() const { return collective != Collective::kNone; }
+};
+
+// Rows of the data-sized buffers that follow a capacity source (see OpDef::capacity_source).
+class RowCapacity {
+ public:
+  virtual ~RowCapacity() = default;
+  // Makes the buffers that follow this node hold at least `rows` rows (within the plan: nothing
+  // changes; beyond it: a pool, grown when needed, never past `most`, the most rows the source
+  // can ever need); returns the rows now bound.
+  virtual int64_t fit(int64_t rows, int64_t most) = 0;
+  virtual int64_t planned_rows() const = 0;
 };
 
 // Services a kernel may call: the communicator of a mesh group.
@@ -84,6 +103,7 @@ struct KernelContext {
   Stream* stream = nullptr;
   ExecServices* services = nullptr;
   const std::vector<double>* scalars = nullptr;  // the executor's host scalars (Graph::add_scalar)
+  RowCapacity* capacity = nullptr;               // set for capacity sources (OpDef)
   const Attrs& attrs() const { return node->attrs; }
   double scalar(const std::string& slot_attr) const {
     return scalars->at(size_t(node->attrs.i(slot_attr)));
@@ -93,6 +113,10 @@ struct KernelContext {
 using KernelFn = std::function<void(KernelContext&)>;
 // Runs once when the executor prepares the graph; returns the function called every step.
 using KernelFactory = std::function<KernelFn(const Node& node, const Graph& graph)>;
+// The same with the executor's services, for kernels whose prepared state needs the backend
+// (pinned host buffers) or a communicator. `services` may be null (graphs run without a mesh).
+using ServicesKernelFactory =
+    std::function<KernelFn(const Node& node, const Graph& graph, ExecServices* services)>;
 
 class OpRegistry {
  public:
@@ -107,15 +131,21 @@ class OpRegistry {
                   WorkspaceFn workspace = {});
   void add_kernel_factory(const std::string& op, DeviceType device, KernelFactory factory,
                           WorkspaceFn workspace = {});
+  void add_kernel_factory(const std::string& op, DeviceType device, ServicesKernelFactory factory,
+                          WorkspaceFn workspace = {});
   bool has_kernel(const std::string& op, DeviceType device) const;
-  KernelFn make_kernel(const Node& node, const Graph& graph, DeviceType device) const;
+  KernelFn make_kernel(const Node& node, const Graph& graph, DeviceType device,
+                       ExecServices* services = nullptr) const;
   // Scratch bytes of the node's kernel on `device` (what the memory plan reserves); ValueError when
   // the op has no kernel there.
   size_t workspace_bytes(const Node& node, const Graph& graph, DeviceType device) const;
+  // The same for other input/output metas (the row-capacity pool sizes scratch for more rows).
+  size_t workspace_bytes(const Node& node, DeviceType device, const std::vector<TensorMeta>& inputs,
+                         const std::vector<TensorMeta>& outputs) const;
 
  private:
   struct Kernel {
-    KernelFactory factory;
+    ServicesKernelFactory factory;
     WorkspaceFn workspace;
   };
   const Kernel& kernel(const std::string& op, DeviceType device) const;

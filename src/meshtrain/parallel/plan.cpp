@@ -147,8 +147,8 @@ ValueId ParallelPlan::tp_enter(Builder& b, ValueId x) const {
 
 ExpertRows ParallelPlan::to_local_experts(Builder& b, ValueId x_perm, ValueId groups,
                                           int64_t capacity, int64_t alignment) const {
-  ops::EpLayout l =
-      ops::ep_counts(b, groups, MeshGroup::kEp, group_size(MeshGroup::kEp), alignment, capacity);
+  ops::EpLayout l = ops::ep_counts(b, groups, MeshGroup::kEp, group_size(MeshGroup::kEp), alignment,
+                                   capacity, config_.expert_capacity_factor);
   return ExpertRows{ops::ep_to_experts(b, x_perm, groups, l, MeshGroup::kEp), l.local_groups,
                     l.recv_counts};
 }

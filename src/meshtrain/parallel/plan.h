@@ -67,11 +67,18 @@ struct ParamInfo {
   std::string placement_string() const;
 };
 
+// Default [parallelism] expert_capacity_factor: see the key's help in train/job_config.cpp for
+// the measured routing it is chosen from.
+inline constexpr double kDefaultExpertCapacityFactor = 1.25;
+
 struct PlanConfig {
   DType master_dtype = DType::kF32;  // master weights and optimizer state
   DType compute_dtype =
       DType::kF32;  // what the model computes with ([training] mixed_precision_param)
   DType reduce_dtype = DType::kF32;  // gradient reductions ([training] mixed_precision_reduce)
+  // Rows an EP rank's expert buffers are planned for, as a multiple of the rows it routes
+  // ([parallelism] expert_capacity_factor; see comm/expert_exchange.h).
+  double expert_capacity_factor = kDefaultExpertCapacityFactor;
 };
 
 // Expert-major rows and the groups [2, experts] that describe them, on either side of the

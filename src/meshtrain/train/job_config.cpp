@@ -275,6 +275,16 @@ std::vector<Binding> make_bindings() {
                     &ParallelismSection::expert_tensor_parallel_degree,
                     "Tensor parallel degree inside experts; 1 = disabled")
                   .at_least(1));
+  t.push_back(
+      field("parallelism", "expert_capacity_factor", &J::parallelism,
+            &ParallelismSection::expert_capacity_factor,
+            "Expert parallel: rows each rank's expert buffers are planned for, as a multiple of "
+            "the rows it routes (what it receives under balanced routing); Megatron's "
+            "moe_expert_capacity_factor, but dropless: a step that needs more moves its expert "
+            "rows to a pool grown for it and the log says so. expert_parallel_degree (or more) "
+            "plans the worst case. Default: the most any rank received in the routing measured "
+            "on the DeepSeek-V3 debug model with load balancing, with headroom (README)")
+          .at_least(0.1));
   // [activation_checkpoint]
   {
     Binding b = field("activation_checkpoint", "mode", &J::activation_checkpoint,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "meshtrain/core/config.h"
+#include "meshtrain/parallel/plan.h"
 
 namespace meshtrain {
 
@@ -119,6 +120,7 @@ struct ParallelismSection {
   int context_parallel_degree = 1;
   int expert_parallel_degree = 1;
   int expert_tensor_parallel_degree = 1;
+  double expert_capacity_factor = kDefaultExpertCapacityFactor;
 };
 
 struct ActivationCheckpointSection {

@@ -93,6 +93,22 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
   r += fmt::format("  other state                {}\n", gib(mp.state_bytes));
   r += fmt::format("  activations (arena peak)   {}  (live peak {})\n", gib(mp.arena_bytes),
                    gib(mp.live_peak_bytes));
+  {
+    // Expert-parallel exchanges: the local rows are planned for the expected load (row_capacity.h).
+    int64_t exchanges = 0, planned = 0, worst = 0;
+    for (NodeId id : mp.schedule) {
+      const Node& n = sg->graph.node(id);
+      if (!OpRegistry::instance().op(n.op).capacity_source) continue;
+      ++exchanges;
+      planned = std::max(planned, n.attrs.i("capacity"));
+      worst = std::max(worst, n.attrs.i("worst_capacity", 0));
+    }
+    if (exchanges > 0)
+      r += fmt::format(
+          "  expert rows (EP)           {} rows per MoE layer planned ([parallelism] "
+          "expert_capacity_factor {}; worst case {} rows); a step that needs more takes a pool\n",
+          planned, cfg.parallelism.expert_capacity_factor, worst);
+  }
   r += fmt::format("  inputs                     {}\n", gib(mp.input_bytes));
   r += fmt::format("  total                      {}\n", gib(mp.total_bytes() + moments));
   r += fmt::format("step graph:  {} nodes, {} values", mp.schedule.size(), sg->graph.num_values());

@@ -45,10 +45,12 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   sg->model = cfg.model.hf_config.empty()
                   ? create_model(mo)
                   : create_model_from_hf(read_hf_config(cfg.model.hf_config), mo);
-  sg->plan = std::make_unique<ParallelPlan>(PlanConfig{.master_dtype = o.master_dtype,
-                                                       .compute_dtype = o.compute_dtype,
-                                                       .reduce_dtype = o.reduce_dtype},
-                                            layout);
+  sg->plan = std::make_unique<ParallelPlan>(
+      PlanConfig{.master_dtype = o.master_dtype,
+                 .compute_dtype = o.compute_dtype,
+                 .reduce_dtype = o.reduce_dtype,
+                 .expert_capacity_factor = cfg.parallelism.expert_capacity_factor},
+      layout);
   sg->local_batch = local_batch;
   sg->seq_len = seq_len;
 

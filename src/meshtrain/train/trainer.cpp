@@ -341,10 +341,12 @@ StepRecord Trainer::step(bool /*read_back*/) {
     profiler_->begin_step();
     exec_->set_observer(profiler_.get());
   }
+  const RowCapacityStats rows_before = exec_->row_capacity_stats();
   for (int64_t m = 0; m < accum_steps_; ++m) {
     feeder_->feed(*loader_);
     exec_->run();
   }
+  const RowCapacityStats rows_after = exec_->row_capacity_stats();
   if (profile) {
     exec_->set_observer(nullptr);
     profiler_->write_trace(
@@ -352,6 +354,16 @@ StepRecord Trainer::step(bool /*read_back*/) {
   }
   StepRecord r;
   r.step = step_;
+  r.expert_exchanges = rows_after.fits - rows_before.fits;
+  r.expert_overflows = rows_after.overflows - rows_before.overflows;
+  if (r.expert_overflows > 0)
+    log_warn(
+        "rank {} step {}: {} of {} expert exchanges received more rows than planned (most so far "
+        "{:.2f}x the plan; [parallelism] expert_capacity_factor {}); handled dropless from a pool "
+        "of {:.1f} MiB (grown {} times in all)",
+        rank_, step_, r.expert_overflows, r.expert_exchanges, rows_after.max_fill,
+        cfg_.parallelism.expert_capacity_factor, double(rows_after.pool_bytes) / (1 << 20),
+        rows_after.grows);
   r.lr = schedule_->lr_at_step(step_ + lr_offset_);
   if (dump) debug_dump_->gradients(hf_context());
   fault_->before_optimizer(step_, *store_);
@@ -468,6 +480,7 @@ void Trainer::log_step(const StepRecord& r, double elapsed, int64_t steps_since)
     m.summary_suffix += fmt::format("{}skipped steps: {}", m.summary_suffix.empty() ? "" : "  ",
                                     fault_->skipped_steps());
   }
+  if (r.expert_exchanges > 0) m.extra["moe.capacity_overflows"] = double(r.expert_overflows);
   metrics_->log(m);
 }
 

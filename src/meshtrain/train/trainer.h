@@ -36,6 +36,10 @@ struct StepRecord {
   double lr = 0;
   bool skipped =
       false;  // non-finite loss or norm, update skipped ([training] skip_nonfinite_steps)
+  // Expert-parallel exchanges of this step on this rank, and those that needed more rows than
+  // planned ([parallelism] expert_capacity_factor; handled dropless, graph/row_capacity.h).
+  int64_t expert_exchanges = 0;
+  int64_t expert_overflows = 0;
 };
 
 // One MoE layer's expert load over the last optimizer step (global over data-parallel ranks).
@@ -77,6 +81,7 @@ class Trainer {
   const ParallelPlan& plan() const { return *plan_; }
   const ParamStore& params() const { return *store_; }
   const Executor& executor() const { return *exec_; }
+  Executor& executor() { return *exec_; }  // tests: node observers
   const Graph& graph() const { return graph_; }
   const ModelCounts& counts() const { return counts_; }
   // Expert load of every MoE layer in the last step (empty for dense models). Copies the small

@@ -31,6 +31,7 @@ struct Options {
   bool compare_reshard = false;
   std::string name = "layout";
   std::vector<std::string> precisions;  // empty: the config's own mixed_precision_param
+  bool expect_overflow = false;  // the layout's expert exchanges must exceed their plan
   std::vector<std::string> overrides;
 };
 
@@ -64,6 +65,8 @@ Options parse(int argc, char** argv) {
       o.precisions = split_commas(argv[++i]);
     else if (a == "--compare-reshard")
       o.compare_reshard = true;
+    else if (a == "--expect-overflow")
+      o.expect_overflow = true;
     else
       o.overrides.push_back(a);
   }
@@ -147,6 +150,18 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
         "max relative difference: loss %.3e, grad_norm %.3e (tolerance %.1e); mean loss %.3e "
         "(tolerance %.1e)\n",
         f.loss, f.grad_norm, tol, f.mean_loss, mean_tol);
+  }
+  // Expert exchanges beyond the planned capacity, over all ranks (handled dropless).
+  Tensor ov = Tensor::from_vector(
+      std::vector<int64_t>{got.expert_exchanges, got.expert_overflows}, Shape{2});
+  host_comm.all_reduce(ov, ReduceOp::kSum, host.stream(0));
+  const int64_t exchanges = ov.data<int64_t>()[0], overflows = ov.data<int64_t>()[1];
+  if (rank == 0)
+    std::printf("expert exchanges over the planned capacity: %lld of %lld (all ranks)\n",
+                (long long)overflows, (long long)exchanges);
+  if (o.expect_overflow && overflows == 0) {
+    ++f.failures;
+    if (rank == 0) std::printf("expected exchanges over the planned capacity, found none\n");
   }
   // Final parameters: rank 0 broadcasts each reference tensor; every rank checks its shard.
   const testing::ParamDiff pd = testing::compare_params(dist, ref_trainer.get(), host_comm, host);

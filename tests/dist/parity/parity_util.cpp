@@ -34,6 +34,8 @@ RunResult run_steps(Trainer& t, int steps) {
     StepRecord rec = t.step(true);
     r.loss.push_back(rec.loss);
     r.grad_norm.push_back(rec.grad_norm);
+    r.expert_exchanges += rec.expert_exchanges;
+    r.expert_overflows += rec.expert_overflows;
   }
   t.wait_for_checkpoint();
   return r;

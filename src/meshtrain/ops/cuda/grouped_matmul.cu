@@ -8,10 +8,11 @@
 // Host sync: cuBLAS takes each GEMM's extents on the host, and the group counts are data (the
 // router's choices of this step). When the groups come from moe_dispatch_plan, the plan has
 // published a pinned copy (host_groups.h) and the host waits for that plan's event only: the GPU
-// keeps running what was queued after the plan, and in backward the event is long done. Groups
-// made elsewhere (the expert-parallel exchange's local groups) are copied here with a sync of
-// the node's stream — the same reason expert parallelism reads its split sizes on the host. A
-// device-side grouped kernel that reads the groups itself is the way to remove the wait.
+// keeps running what was queued after the plan, and in backward the event is long done. The
+// expert-parallel exchange's local groups are built on the host by ep_counts at its host sync
+// point and published there (ops/host_published.h): read with no copy and no wait. Groups made
+// elsewhere are copied here with a sync of the node's stream. A device-side grouped kernel that
+// reads the groups itself is the way to remove the remaining wait.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "meshtrain/ops/cuda/expert_gemm.h"
 #include "meshtrain/ops/cuda/host_groups.h"
 #include "meshtrain/ops/grouped_matmul.h"
+#include "meshtrain/ops/host_published.h"
 
 namespace meshtrain::cuda {
 namespace {
@@ -92,8 +94,9 @@ struct GroupedState {
   int device = 0;
   int64_t experts = 0;
   DType dtype = DType::kF32;
-  std::shared_ptr<HostGroups> published;  // the plan's copy, or null: read here, with a sync
-  int32_t* own = nullptr;                 // pinned [2, E] when not published
+  std::shared_ptr<HostGroups> published;        // the plan's copy, or null: read here, with a sync
+  std::shared_ptr<ops::HostPublished> on_host;  // built on the host by the EP exchange
+  int32_t* own = nullptr;                       // pinned [2, E] when not published
   const SlotStreams* slots = nullptr;
   std::unique_ptr<ExpertGemm> lt;  // the expert GEMM; null when an extent is 0 (no GEMM runs)
   char* slot_ws = nullptr;         // this launch's workspace, kSlots slices of slot_ws_bytes
@@ -112,6 +115,8 @@ struct GroupedState {
       lt = std::make_unique<ExpertGemm>(device, shape, kGemmWorkspaceBytes / kSlots);
     if (groups_published(graph, groups))
       published = host_groups_of(graph, groups, e);
+    else if (ops::host_published_by_producer(graph, groups))
+      on_host = ops::host_published_of(graph, groups);
     else
       CUDA_CHECK(
           cudaMallocHost(reinterpret_cast<void**>(&own), size_t(2 * std::max<int64_t>(e, 1)) * 4));
@@ -133,6 +138,12 @@ struct GroupedState {
     if (published) {
       CUDA_CHECK(cudaEventSynchronize(published->ready));  // waits for the plan only
       g = published->pinned;
+    } else if (on_host) {
+      // Written by ep_counts after its host sync, earlier in the schedule: nothing to wait for.
+      MT_CHECK(on_host->data != nullptr && on_host->count == 2 * experts,
+               "{}: the exchange's host groups are not published ({} of {} counts)", op,
+               on_host->count, 2 * experts);
+      g = on_host->data;
     } else {
       cudaStream_t s = stream_of(c);
       CUDA_CHECK(
