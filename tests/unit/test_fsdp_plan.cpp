@@ -14,7 +14,10 @@ namespace {
 
 std::unique_ptr<StepGraph> graph_for(int world, const std::vector<std::string>& extra,
                                      int rank = 0) {
-  std::vector<std::string> o = {"--parallelism.data_parallel_shard_degree", std::to_string(world)};
+  // One collective per parameter (no bucketing): these tests check the placements' collectives;
+  // tests/unit/test_bucket_collectives.cpp checks what the scheduling passes make of them.
+  std::vector<std::string> o = {"--parallelism.data_parallel_shard_degree", std::to_string(world),
+                                "--compile.graph_passes", "none"};
   o.insert(o.end(), extra.begin(), extra.end());
   JobConfig cfg = testing::tiny_job(o);
   ParallelDims dims;

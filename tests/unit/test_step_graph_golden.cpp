@@ -2,7 +2,10 @@
 // streams, scopes, value wiring) and the CPU memory plan (every offset, the arena peak) of the
 // DeepSeek-V3 and Llama debug models under FSDP + EP with each activation-checkpoint mode. The
 // numbers were captured from the code before the recompute passes shared one helper; a refactor
-// of the passes must leave every graph, and so every bit of a run, unchanged.
+// of the passes must leave every graph, and so every bit of a run, unchanged. The cases run with
+// [compile] graph_passes none (those fingerprints predate the scheduling passes and stay as they
+// were); the `_passes` cases add the default scheduling passes (bucketing, prefetch), captured
+// when they were switched on after dist_parity_passes_* proved the runs bitwise equal.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -70,7 +73,9 @@ void expect_golden(const Fingerprint& f, const Fingerprint& want, const std::str
                                << ::testing::TempDir() << "step_graph_golden_" << tag << ".txt";
 }
 
-const std::vector<std::string> kFsdp4Ep2 = {"--parallelism.data_parallel_shard_degree",
+const std::vector<std::string> kFsdp4Ep2 = {"--compile.graph_passes",
+                                            "none",
+                                            "--parallelism.data_parallel_shard_degree",
                                             "4",
                                             "--parallelism.expert_parallel_degree",
                                             "2",
@@ -96,12 +101,23 @@ TEST(StepGraphGolden, SchedulesAndMemoryPlansAreUnchanged) {
                                            "--activation_checkpoint.selective_ac_option", "op"};
   const std::vector<std::string> sel_2 = {"--activation_checkpoint.mode", "selective",
                                           "--activation_checkpoint.selective_ac_option", "2"};
-  const std::vector<std::string> tp2 = {"--parallelism.data_parallel_shard_degree", "2",
-                                        "--parallelism.tensor_parallel_degree",     "2",
-                                        "--parallelism.expert_parallel_degree",     "2",
-                                        "--parallelism.fsdp_reshard_after_forward", "always"};
-  const std::vector<std::string> hsdp = {"--parallelism.data_parallel_replicate_degree", "2",
-                                         "--parallelism.data_parallel_shard_degree", "2"};
+  const std::vector<std::string> tp2 = {"--compile.graph_passes",
+                                        "none",
+                                        "--parallelism.data_parallel_shard_degree",
+                                        "2",
+                                        "--parallelism.tensor_parallel_degree",
+                                        "2",
+                                        "--parallelism.expert_parallel_degree",
+                                        "2",
+                                        "--parallelism.fsdp_reshard_after_forward",
+                                        "always"};
+  const std::vector<std::string> hsdp = {"--compile.graph_passes",
+                                         "none",
+                                         "--parallelism.data_parallel_replicate_degree",
+                                         "2",
+                                         "--parallelism.data_parallel_shard_degree",
+                                         "2"};
+  const std::vector<std::string> passes = {"--compile.graph_passes", "transformer_block_bucketing"};
   const char* ds = "deepseek_v3_debug.toml";
   const std::vector<Case> cases = {
       {"ds_fsdp4_ep2_none", ds, 4, 0, kFsdp4Ep2, {894, 870, 157904128, 0xff7bfca48e6b23a8ull}},
@@ -135,6 +151,31 @@ TEST(StepGraphGolden, SchedulesAndMemoryPlansAreUnchanged) {
        1,
        with(hsdp, sel_op),
        {698, 698, 190992384, 0x4eef4fef62af0926ull}},
+      // The scheduling passes on (a later override wins over kFsdp4Ep2's "none").
+      {"ds_fsdp4_ep2_none_passes",
+       ds,
+       4,
+       0,
+       with(kFsdp4Ep2, passes),
+       {923, 681, 190927616, 0xefdc760519de6b52ull}},
+      {"ds_fsdp4_ep2_full_passes",
+       ds,
+       4,
+       0,
+       with(with(kFsdp4Ep2, full), passes),
+       {1151, 894, 115939072, 0xdb681b645c99c4edull}},
+      {"ds_fsdp2_tp2_ep2_full_always_passes",
+       ds,
+       4,
+       2,
+       with(with(tp2, full), passes),
+       {1298, 1061, 73825792, 0x085c6950dd18520dull}},
+      {"llama_hsdp_sel_op_passes",
+       "llama3_debug.toml",
+       4,
+       1,
+       with(with(hsdp, sel_op), passes),
+       {710, 609, 193614848, 0x074387f1ee7d80eeull}},
   };
   for (const Case& c : cases) {
     Fingerprint f = fingerprint(c.config, c.world, c.rank, c.overrides, c.tag);

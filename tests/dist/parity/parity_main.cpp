@@ -3,7 +3,9 @@
 // communicator of its own, then every rank runs the parallel job; per-step losses, gradient
 // norms and the final parameters (each rank's shard against the same slice of the reference,
 // padding rows must stay zero) must agree within --tol (relative). --compare-reshard instead
-// runs the layout with fsdp_reshard_after_forward never and always and requires equal losses.
+// runs the layout with fsdp_reshard_after_forward never and always and requires equal losses;
+// --compare-passes runs it with [compile] graph_passes none, transformer_block_bucketing and
+// size_bucketing (a 1 MiB cap) and requires bitwise equal losses and gradient norms.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -22,6 +24,7 @@ struct Options {
   int steps = 20;
   double tol = 1e-5;
   bool compare_reshard = false;
+  bool compare_passes = false;
   std::vector<std::string> overrides;
 };
 
@@ -35,6 +38,8 @@ Options parse(int argc, char** argv) {
       o.tol = std::stod(argv[++i]);
     else if (a == "--compare-reshard")
       o.compare_reshard = true;
+    else if (a == "--compare-passes")
+      o.compare_passes = true;
     else
       o.overrides.push_back(a);
   }
@@ -49,6 +54,35 @@ using testing::rel;
 using testing::RunResult;
 RunResult run(Trainer& t, int steps) { return testing::run_steps(t, steps); }
 
+// Runs `a` and `b` on all ranks; returns the steps whose loss or gradient norm differ in any bit.
+int compare_bitwise(const Options& o, Runtime& rt, const JobConfig& a_cfg, const JobConfig& b_cfg,
+                    const char* a_name, const char* b_name) {
+  RunResult a, b;
+  {
+    Trainer t(a_cfg, rt.world(), rt.launch());
+    a = run(t, o.steps);
+  }
+  {
+    Trainer t(b_cfg, rt.world(), rt.launch());
+    b = run(t, o.steps);
+  }
+  int failures = 0;
+  const bool root = rt.world().rank() == 0;
+  for (int s = 0; s < o.steps; ++s)
+    if (a.loss[size_t(s)] != b.loss[size_t(s)] ||
+        a.grad_norm[size_t(s)] != b.grad_norm[size_t(s)]) {
+      ++failures;
+      if (root)
+        std::printf("step %d: %s loss %.17g norm %.17g, %s loss %.17g norm %.17g\n", s + 1, a_name,
+                    a.loss[size_t(s)], a.grad_norm[size_t(s)], b_name, b.loss[size_t(s)],
+                    b.grad_norm[size_t(s)]);
+    }
+  if (root)
+    std::printf("%s vs %s: %d mismatching steps of %d (bitwise)\n", a_name, b_name, failures,
+                o.steps);
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,28 +95,19 @@ int main(int argc, char** argv) {
   try {
     JobConfig par = job(o, {});
     if (o.compare_reshard) {
-      JobConfig never = job(o, {"--parallelism.fsdp_reshard_after_forward", "never"});
-      JobConfig always = job(o, {"--parallelism.fsdp_reshard_after_forward", "always"});
-      RunResult a, b;
-      {
-        Trainer t(never, world, rt.launch());
-        a = run(t, o.steps);
-      }
-      {
-        Trainer t(always, world, rt.launch());
-        b = run(t, o.steps);
-      }
-      for (int s = 0; s < o.steps; ++s)
-        if (a.loss[size_t(s)] != b.loss[size_t(s)] ||
-            a.grad_norm[size_t(s)] != b.grad_norm[size_t(s)]) {
-          ++failures;
-          if (rank == 0)
-            std::printf("step %d: never loss %.17g norm %.17g, always loss %.17g norm %.17g\n",
-                        s + 1, a.loss[size_t(s)], a.grad_norm[size_t(s)], b.loss[size_t(s)],
-                        b.grad_norm[size_t(s)]);
-        }
-      if (rank == 0)
-        std::printf("reshard never vs always: %d mismatching steps of %d\n", failures, o.steps);
+      failures +=
+          compare_bitwise(o, rt, job(o, {"--parallelism.fsdp_reshard_after_forward", "never"}),
+                          job(o, {"--parallelism.fsdp_reshard_after_forward", "always"}),
+                          "reshard never", "reshard always");
+    } else if (o.compare_passes) {
+      const JobConfig none = job(o, {"--compile.graph_passes", "none"});
+      failures += compare_bitwise(o, rt, none,
+                                  job(o, {"--compile.graph_passes", "transformer_block_bucketing"}),
+                                  "unbucketed", "transformer_block_bucketing");
+      failures += compare_bitwise(
+          o, rt, none,
+          job(o, {"--compile.graph_passes", "size_bucketing", "--compile.bucket_cap_mb", "1"}),
+          "unbucketed", "size_bucketing");
     } else {
       Trainer dist(par, world, rt.launch());
       const int dp = dist.plan().group_size(MeshGroup::kDp);
