@@ -177,7 +177,11 @@ StepCost estimate_step(const Graph& g, DeviceType device, const ParallelDims& di
       const bool inter = group_extent(group, dims) > links.ranks_per_node;
       const double bw = inter ? links.inter_bytes_per_s : links.intra_bytes_per_s;
       const double lat = inter ? links.inter_latency_s : links.intra_latency_s;
-      const int64_t bytes = collective_bytes(g, n);
+      // The exchange's receive buffer is the capacity bound (what the dump shows); balanced
+      // routing receives what it sends, the input rows.
+      const int64_t bytes = d.collective == Collective::kExchange
+                                ? int64_t(g.value(n.inputs.at(0)).meta.nbytes())
+                                : collective_bytes(g, n);
       // Ring bus traffic: (k-1)/k of the buffer per rank, twice for an all-reduce; latency
       // grows with log2 k (NCCL's trees and rings pipelined).
       const double factor =

@@ -4,7 +4,8 @@
 // default), and the step time after the scheduler's overlap (each stream runs in order, a node
 // starts when its inputs are ready; the CPU backend runs the schedule serially). `meshtrain plan`
 // prints it (train/plan_report). What it leaves out: stream waits the executor adds for arena
-// reuse, the optimizer step, and host work between micro-batches.
+// reuse, the optimizer step, and host work between micro-batches; grouped expert GEMMs are
+// counted at their capacity-bound row counts (an upper bound on balanced routing).
 #pragma once
 
 #include <map>

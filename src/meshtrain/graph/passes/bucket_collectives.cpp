@@ -59,7 +59,10 @@ class Picker {
       const Node& n = g_.node(c);
       const OpDef& d = reg_.op(n.op);
       if (d.side_effect) continue;
-      const bool passes = d.cast || d.view_of_input >= 0 || d.rearranges;
+      // HSDP: a reduce-scatter's shard is then summed over the replicas (an all-reduce per
+      // tensor, left as it is) before it reaches the accumulator.
+      const bool passes = d.cast || d.view_of_input >= 0 || d.rearranges ||
+                          d.collective == Collective::kAllReduce;
       if (!passes || n.outputs.size() != 1 || !into_sinks(n.outputs[0])) return false;
     }
     return true;

@@ -33,8 +33,9 @@ struct BucketStats {
 
 // Which collectives are bucketed (by op properties and the graph, never by names): all-gathers
 // whose input is computed from persistent values only (parameter shards, through casts), and
-// reduce-scatters whose output only flows (through casts and views) into side-effect sinks
-// (the gradient accumulators). Activation collectives (TP, the token exchange) are left alone.
+// reduce-scatters whose output only flows (through casts, views and HSDP's replica all-reduces)
+// into side-effect sinks (the gradient accumulators). Activation collectives (TP, the token
+// exchange) and the all-reduces themselves are left alone (one per tensor).
 // Writes the graph's schedule.
 BucketStats bucket_collectives(Graph& graph, const BucketOptions& options);
 
