@@ -62,24 +62,32 @@ ThroughputTable read_throughput_table(const std::string& path) {
 ThroughputTable default_throughput_table(DeviceType device) {
   ThroughputTable t;
   if (device == DeviceType::kCPU) {
-    // Measured here: bench/cost/cpu_table.sh (1 rank, 1 OpenBLAS thread, DeepSeek-V3 debug
-    // model), recorded in bench/RESULTS.md; bench/cost/cpu_table.txt is the full table.
-    t.source = "CPU defaults measured by bench/cost/cpu_table.sh (1 thread, 2026-12-03)";
-    t.default_flops_per_s = 12e9;
-    t.default_bytes_per_s = 2.0e9;
-    t.flops_per_s = {{"matmul", 12e9},
-                     {"grouped_matmul", 9e9},
-                     {"attention", 3e9},
-                     {"attention_backward", 3e9},
-                     {"grouped_matmul_wgrad", 9e9}};
+    // Measured here: bench/cost/cpu_table.txt (the full per-op table), fitted by
+    // bench/cost/measure.sh from a profiled 1-rank DeepSeek-V3 debug run, 1 OpenBLAS thread, on
+    // the 2-core build machine while other builds ran (see bench/RESULTS.md).
+    t.source = "CPU defaults from bench/cost/cpu_table.txt (measured 2026-12-03, 1 thread)";
+    t.default_flops_per_s = 7.454e10;
+    t.default_bytes_per_s = 3.159e9;
+    t.flops_per_s = {{"matmul", 1.034e11},
+                     {"grouped_matmul", 3.355e10},
+                     {"grouped_matmul_wgrad", 3.396e10},
+                     {"attention", 1.048e10},
+                     {"attention_backward", 1.155e10}};
   } else {
-    // Not measured: H200 datasheet peaks (989 TFLOP/s dense bf16, 4.8 TB/s HBM3e) at typical
-    // achieved fractions (GEMM 65%, attention 45%, memory-bound 70%). Replace with the table
-    // bench/kernels/run_gpu.sh + bench/cost/fit_table.py write on the GPU.
-    t.source = "GPU defaults ASSUMED from H200 datasheet peaks (not measured)";
-    t.default_flops_per_s = 640e12;
+    // H200, from bench/RESULTS.md (2026-12-02): dense GEMMs ~780 TFLOP/s (bench_gemm on model
+    // shapes, 623-815), expert GEMMs ~440 (the DeepSeek 16B-4L trace), attention 302 forward /
+    // 197 backward at head dims 192/128 (bench_attention, causal ½ S²). Memory-bound ops are
+    // ASSUMED at 70% of the 4.8 TB/s datasheet figure (not measured). A table fitted on the GPU
+    // (scripts/sched_gpu_bench.sh) replaces all of it.
+    t.source =
+        "GPU defaults: GEMM/attention rates measured (bench/RESULTS.md 2026-12-02), "
+        "memory-bound ops assumed";
+    t.default_flops_per_s = 780e12;
     t.default_bytes_per_s = 3.4e12;
-    t.flops_per_s = {{"attention", 450e12}, {"attention_backward", 400e12}};
+    t.flops_per_s = {{"grouped_matmul", 440e12},
+                     {"grouped_matmul_wgrad", 440e12},
+                     {"attention", 302e12},
+                     {"attention_backward", 197e12}};
   }
   return t;
 }
@@ -87,7 +95,8 @@ ThroughputTable default_throughput_table(DeviceType device) {
 LinkParams default_links(DeviceType device) {
   LinkParams l;
   if (device == DeviceType::kCPU) {
-    // Open MPI over shared memory on this machine (bench/comm, see bench/RESULTS.md).
+    // Open MPI over shared memory: assumed round figures (a quiet 2-core host moves ~2 GB/s
+    // between ranks with ~20 us per collective); override with --intra-gbps/--intra-latency-us.
     l.intra_bytes_per_s = 2.0e9;
     l.intra_latency_s = 20e-6;
     l.inter_bytes_per_s = l.intra_bytes_per_s;

@@ -61,8 +61,8 @@ class Picker {
       if (d.side_effect) continue;
       // HSDP: a reduce-scatter's shard is then summed over the replicas (an all-reduce per
       // tensor, left as it is) before it reaches the accumulator.
-      const bool passes = d.cast || d.view_of_input >= 0 || d.rearranges ||
-                          d.collective == Collective::kAllReduce;
+      const bool passes =
+          d.cast || d.view_of_input >= 0 || d.rearranges || d.collective == Collective::kAllReduce;
       if (!passes || n.outputs.size() != 1 || !into_sinks(n.outputs[0])) return false;
     }
     return true;
