@@ -98,8 +98,10 @@ namespace meshtrain {
 namespace {
 
 TEST(Placement, ParametersCarryTheirPlacementsPerGroup) {
+  // One collective per parameter (as graph_for): the placements' own collectives.
   JobConfig cfg = testing::tiny_job({"--parallelism.data_parallel_replicate_degree", "2",
-                                     "--parallelism.data_parallel_shard_degree", "2"});
+                                     "--parallelism.data_parallel_shard_degree", "2",
+                                     "--compile.graph_passes", "none"});
   ParallelDims dims = parallel_dims_of(cfg, 4);
   MeshGroups groups{MeshLayout(dims), 3};
   auto sg = build_step_graph(cfg, &groups, StepGraphOptions{.tokenizer_vocab = 258});
