@@ -51,7 +51,11 @@ const Command kCommands[] = {
      "  --hf-config PATH  size the model from a Hugging Face config.json (or its folder)\n"
      "  --world N         ranks of the layout (default: the smallest the degrees fit)\n"
      "  --rank R          the rank to plan (default 0)\n"
-     "  --dump-graph      add the scheduled step and optimizer graphs, node by node\n",
+     "  --dump-graph      add the scheduled step and optimizer graphs, node by node\n"
+     "  --cost-table F    kernel throughput table of the cost model (default: the device's\n"
+     "                    shipped table; bench/cost/fit_table.py writes one)\n"
+     "  --ranks-per-node N, --intra-gbps G, --intra-latency-us U, --inter-gbps G,\n"
+     "  --inter-latency-us U   cost-model links (default: NVLink in a node, InfiniBand between)\n",
      true},
     {"convert",
      "convert --input PATH --output PATH [--dtype float32|bfloat16|float16] [--max-shard-gb G] "
@@ -172,7 +176,10 @@ int run_train(int argc, char** argv) {
 }
 
 int run_plan(int argc, char** argv) {
-  Args a = parse_args(argc, argv, {"--world", "--rank", "--hf-config"}, {"--dump-graph"});
+  Args a = parse_args(argc, argv,
+                      {"--world", "--rank", "--hf-config", "--cost-table", "--ranks-per-node",
+                       "--intra-gbps", "--intra-latency-us", "--inter-gbps", "--inter-latency-us"},
+                      {"--dump-graph"});
   MT_CHECK_T(ConfigError, !a.config.empty() || a.options.count("--hf-config"),
              "plan needs --config FILE (see configs/) or --hf-config PATH");
   if (a.options.count("--hf-config")) {
@@ -185,8 +192,19 @@ int run_plan(int argc, char** argv) {
   meshtrain::JobConfig cfg = meshtrain::parse_job_config(a.config, a.overrides);
   int world = a.options.count("--world") ? std::stoi(a.options["--world"]) : 0;
   int rank = a.options.count("--rank") ? std::stoi(a.options["--rank"]) : 0;
+  meshtrain::PlanCostOptions cost;
+  auto num = [&](const char* key) {
+    return a.options.count(key) ? std::stod(a.options[key]) : 0.0;
+  };
+  if (a.options.count("--cost-table")) cost.table = a.options["--cost-table"];
+  cost.ranks_per_node = int(num("--ranks-per-node"));
+  cost.intra_gbps = num("--intra-gbps");
+  cost.intra_latency_us = num("--intra-latency-us");
+  cost.inter_gbps = num("--inter-gbps");
+  cost.inter_latency_us = num("--inter-latency-us");
   std::printf(
-      "%s", meshtrain::plan_report(cfg, world, rank, a.options.count("--dump-graph") > 0).c_str());
+      "%s",
+      meshtrain::plan_report(cfg, world, rank, a.options.count("--dump-graph") > 0, cost).c_str());
   return 0;
 }
 

@@ -14,7 +14,10 @@ namespace {
 
 std::unique_ptr<StepGraph> graph_for(int world, const std::vector<std::string>& extra,
                                      int rank = 0) {
-  std::vector<std::string> o = {"--parallelism.data_parallel_shard_degree", std::to_string(world)};
+  // One collective per parameter (no bucketing): these tests check the placements' collectives;
+  // tests/unit/test_bucket_collectives.cpp checks what the scheduling passes make of them.
+  std::vector<std::string> o = {"--parallelism.data_parallel_shard_degree", std::to_string(world),
+                                "--compile.graph_passes", "none"};
   o.insert(o.end(), extra.begin(), extra.end());
   JobConfig cfg = testing::tiny_job(o);
   ParallelDims dims;
@@ -95,8 +98,10 @@ namespace meshtrain {
 namespace {
 
 TEST(Placement, ParametersCarryTheirPlacementsPerGroup) {
+  // One collective per parameter (as graph_for): the placements' own collectives.
   JobConfig cfg = testing::tiny_job({"--parallelism.data_parallel_replicate_degree", "2",
-                                     "--parallelism.data_parallel_shard_degree", "2"});
+                                     "--parallelism.data_parallel_shard_degree", "2",
+                                     "--compile.graph_passes", "none"});
   ParallelDims dims = parallel_dims_of(cfg, 4);
   MeshGroups groups{MeshLayout(dims), 3};
   auto sg = build_step_graph(cfg, &groups, StepGraphOptions{.tokenizer_vocab = 258});

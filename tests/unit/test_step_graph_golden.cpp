@@ -4,7 +4,10 @@
 // numbers were captured from the code before the recompute passes shared one helper (the EP
 // cases re-captured when expert rows were planned at a capacity factor; the worst-case case still
 // has the old fingerprint); a refactor of the passes must leave every graph, and so every bit of
-// a run, unchanged.
+// a run, unchanged. The cases run with [compile] graph_passes none (those fingerprints predate
+// the scheduling passes); the `_passes` cases add the default scheduling passes (bucketing,
+// prefetch), captured when they were switched on after dist_parity_passes_* proved the runs
+// bitwise equal (their EP cases re-captured at the default capacity factor on the merge).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -72,7 +75,9 @@ void expect_golden(const Fingerprint& f, const Fingerprint& want, const std::str
                                << ::testing::TempDir() << "step_graph_golden_" << tag << ".txt";
 }
 
-const std::vector<std::string> kFsdp4Ep2 = {"--parallelism.data_parallel_shard_degree",
+const std::vector<std::string> kFsdp4Ep2 = {"--compile.graph_passes",
+                                            "none",
+                                            "--parallelism.data_parallel_shard_degree",
                                             "4",
                                             "--parallelism.expert_parallel_degree",
                                             "2",
@@ -98,12 +103,23 @@ TEST(StepGraphGolden, SchedulesAndMemoryPlansAreUnchanged) {
                                            "--activation_checkpoint.selective_ac_option", "op"};
   const std::vector<std::string> sel_2 = {"--activation_checkpoint.mode", "selective",
                                           "--activation_checkpoint.selective_ac_option", "2"};
-  const std::vector<std::string> tp2 = {"--parallelism.data_parallel_shard_degree", "2",
-                                        "--parallelism.tensor_parallel_degree",     "2",
-                                        "--parallelism.expert_parallel_degree",     "2",
-                                        "--parallelism.fsdp_reshard_after_forward", "always"};
-  const std::vector<std::string> hsdp = {"--parallelism.data_parallel_replicate_degree", "2",
-                                         "--parallelism.data_parallel_shard_degree", "2"};
+  const std::vector<std::string> tp2 = {"--compile.graph_passes",
+                                        "none",
+                                        "--parallelism.data_parallel_shard_degree",
+                                        "2",
+                                        "--parallelism.tensor_parallel_degree",
+                                        "2",
+                                        "--parallelism.expert_parallel_degree",
+                                        "2",
+                                        "--parallelism.fsdp_reshard_after_forward",
+                                        "always"};
+  const std::vector<std::string> hsdp = {"--compile.graph_passes",
+                                         "none",
+                                         "--parallelism.data_parallel_replicate_degree",
+                                         "2",
+                                         "--parallelism.data_parallel_shard_degree",
+                                         "2"};
+  const std::vector<std::string> passes = {"--compile.graph_passes", "transformer_block_bucketing"};
   const char* ds = "deepseek_v3_debug.toml";
   // The EP cases plan the expert rows at the default [parallelism] expert_capacity_factor; at
   // the worst case (factor = EP) the graph and plan are the ones before capacity planning, bit for
@@ -147,6 +163,31 @@ TEST(StepGraphGolden, SchedulesAndMemoryPlansAreUnchanged) {
        1,
        with(hsdp, sel_op),
        {698, 698, 190992384, 0x4eef4fef62af0926ull}},
+      // The scheduling passes on (a later override wins over kFsdp4Ep2's "none").
+      {"ds_fsdp4_ep2_none_passes",
+       ds,
+       4,
+       0,
+       with(kFsdp4Ep2, passes),
+       {923, 681, 190927616, 0xefdc760519de6b52ull}},
+      {"ds_fsdp4_ep2_full_passes",
+       ds,
+       4,
+       0,
+       with(with(kFsdp4Ep2, full), passes),
+       {1151, 894, 115939072, 0xdb681b645c99c4edull}},
+      {"ds_fsdp2_tp2_ep2_full_always_passes",
+       ds,
+       4,
+       2,
+       with(with(tp2, full), passes),
+       {1299, 1031, 87617536, 0xf6c59ab90f7b41d8ull}},
+      {"llama_hsdp_sel_op_passes",
+       "llama3_debug.toml",
+       4,
+       1,
+       with(with(hsdp, sel_op), passes),
+       {717, 560, 193482752, 0xffa9d7c887c98864ull}},
   };
   for (const Case& c : cases) {
     Fingerprint f = fingerprint(c.config, c.world, c.rank, c.overrides, c.tag);

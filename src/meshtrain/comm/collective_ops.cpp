@@ -2,6 +2,58 @@
 // of the group does the device-specific work on the node's stream).
 #include "meshtrain/comm/collective_ops.h"
 
+namespace meshtrain {
+
+BucketLayout bucket_layout(const std::vector<size_t>& block_bytes) {
+  BucketLayout l;
+  for (size_t b : block_bytes) {
+    l.offset.push_back(l.block_bytes);
+    l.bytes.push_back(b);
+    l.block_bytes += b;
+  }
+  return l;
+}
+
+namespace {
+void check_tensors(const std::vector<Tensor>& tensors, const BucketLayout& layout, int ranks,
+                   const char* what) {
+  MT_CHECK(tensors.size() == layout.bytes.size(), "{}: {} tensors for a bucket layout of {}", what,
+           tensors.size(), layout.bytes.size());
+  for (size_t i = 0; i < tensors.size(); ++i)
+    MT_CHECK(tensors[i].nbytes() == layout.bytes[i] * size_t(ranks),
+             "{}: tensor {} holds {} bytes, the layout expects {} ranks × {} bytes", what, i,
+             tensors[i].nbytes(), ranks, layout.bytes[i]);
+}
+}  // namespace
+
+void pack_rank_blocks(Backend& be, Stream& s, const std::vector<Tensor>& tensors, void* flat,
+                      const BucketLayout& layout, int ranks) {
+  check_tensors(tensors, layout, ranks, "pack_rank_blocks");
+  char* dst = static_cast<char*>(flat);
+  for (int r = 0; r < ranks; ++r)
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (layout.bytes[i] == 0) continue;
+      const char* src = static_cast<const char*>(tensors[i].raw()) + size_t(r) * layout.bytes[i];
+      be.copy(dst + size_t(r) * layout.block_bytes + layout.offset[i], src, layout.bytes[i],
+              CopyKind::kDeviceToDevice, s);
+    }
+}
+
+void unpack_rank_blocks(Backend& be, Stream& s, const void* flat,
+                        const std::vector<Tensor>& tensors, const BucketLayout& layout, int ranks) {
+  check_tensors(tensors, layout, ranks, "unpack_rank_blocks");
+  const char* src = static_cast<const char*>(flat);
+  for (int r = 0; r < ranks; ++r)
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (layout.bytes[i] == 0) continue;
+      char* dst = static_cast<char*>(tensors[i].raw()) + size_t(r) * layout.bytes[i];
+      be.copy(dst, src + size_t(r) * layout.block_bytes + layout.offset[i], layout.bytes[i],
+              CopyKind::kDeviceToDevice, s);
+    }
+}
+
+}  // namespace meshtrain
+
 namespace meshtrain::ops {
 
 ValueId all_gather(Builder& b, ValueId x, MeshGroup group, int group_size) {
@@ -24,6 +76,19 @@ ValueId replicate_grad(Builder& b, ValueId x, MeshGroup group) {
   return b.op1("replicate_grad", {x}, {{"group", int64_t(group)}});
 }
 
+std::vector<ValueId> all_gather_bucket(Builder& b, const std::vector<ValueId>& xs, MeshGroup group,
+                                       int group_size) {
+  if (group_size == 1) return xs;
+  return b.op("all_gather", xs, {{"group", int64_t(group)}, {"group_size", int64_t(group_size)}});
+}
+
+std::vector<ValueId> reduce_scatter_bucket(Builder& b, const std::vector<ValueId>& xs,
+                                           MeshGroup group, int group_size) {
+  if (group_size == 1) return xs;
+  return b.op("reduce_scatter", xs,
+              {{"group", int64_t(group)}, {"group_size", int64_t(group_size)}});
+}
+
 namespace {
 TensorMeta scaled_dim0(const TensorMeta& m, int64_t num, int64_t den, const char* op) {
   MT_CHECK_T(ShapeError, m.shape.rank() >= 1, "{} needs rank >= 1, found {}", op, m.shape);
@@ -32,37 +97,80 @@ TensorMeta scaled_dim0(const TensorMeta& m, int64_t num, int64_t den, const char
   return {m.shape.with(0, m.shape[0] * num / den), m.dtype};
 }
 
-void register_kernel_all(const std::string& op, KernelFn fn) {
+void register_kernel_all(const std::string& op, KernelFn fn, WorkspaceFn workspace = {}) {
   for (DeviceType d : {DeviceType::kCPU, DeviceType::kCUDA})
-    OpRegistry::instance().add_kernel(op, d, fn);
+    OpRegistry::instance().add_kernel(op, d, fn, workspace);
+}
+
+// Each input scaled along dim 0; a bucket's inputs share one dtype (one flat buffer).
+std::vector<TensorMeta> scaled_each(const std::vector<TensorMeta>& in, int64_t num, int64_t den,
+                                    const char* op) {
+  MT_CHECK_T(ShapeError, !in.empty(), "{} needs at least one input", op);
+  std::vector<TensorMeta> out;
+  for (const TensorMeta& m : in) {
+    MT_CHECK_T(ValueError, m.dtype == in[0].dtype,
+               "{}: a bucket holds one dtype; input 0 is {}, another input is {}", op,
+               dtype_name(in[0].dtype), dtype_name(m.dtype));
+    out.push_back(scaled_dim0(m, num, den, op));
+  }
+  return out;
+}
+
+// The bucket's gradient: the dual collective over the inputs whose outputs have a gradient.
+std::vector<ValueId> bucket_backward(GradContext& c, bool gather) {
+  std::vector<ValueId> present;
+  for (ValueId g : c.grad_outputs)
+    if (g != kNoValue) present.push_back(g);
+  std::vector<ValueId> grads(c.grad_outputs.size(), kNoValue);
+  if (present.empty()) return grads;
+  const MeshGroup group = c.attrs().group();
+  const int k = int(c.attrs().i("group_size"));
+  std::vector<ValueId> dual = gather ? reduce_scatter_bucket(c.b, present, group, k)
+                                     : all_gather_bucket(c.b, present, group, k);
+  size_t next = 0;
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (c.grad_outputs[i] != kNoValue) grads[i] = dual[next++];
+  return grads;
+}
+
+// Workspace of a bucket of N > 1 tensors: the flat send buffer and the flat receive buffer
+// (one rank block on one side, `group_size` on the other), each rounded up to 256 bytes.
+size_t bucket_workspace(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                        const Attrs& a, bool gather) {
+  if (in.size() < 2) return 0;
+  size_t block = 0;
+  for (const TensorMeta& m : gather ? in : out) block += m.nbytes();
+  const size_t k = size_t(a.i("group_size"));
+  auto round = [](size_t b) { return (b + 255) / 256 * 256; };
+  return round(block) + round(block * k);
+}
+
+std::vector<size_t> block_bytes_of(const std::vector<Tensor>& shards) {
+  std::vector<size_t> b;
+  for (const Tensor& t : shards) b.push_back(t.nbytes());
+  return b;
+}
+
+Tensor flat_view(const Tensor& workspace, size_t byte_offset, size_t bytes, DType dtype) {
+  const int64_t n = int64_t(bytes / dtype_size(dtype));
+  return Tensor(workspace.storage(), workspace.byte_offset() + byte_offset, Shape{n}, dtype);
 }
 }  // namespace
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
-  r.add_op({.name = "all_gather",
-            .infer =
-                [](const std::vector<TensorMeta>& in, const Attrs& a) {
-                  return std::vector<TensorMeta>{
-                      scaled_dim0(in.at(0), a.i("group_size"), 1, "all_gather")};
-                },
-            .backward =
-                [](GradContext& c) {
-                  return std::vector<ValueId>{reduce_scatter(c.b, c.grad_out(0), c.attrs().group(),
-                                                             int(c.attrs().i("group_size")))};
-                },
-            .collective = Collective::kAllGather});
+  r.add_op(
+      {.name = "all_gather",
+       .infer = [](const std::vector<TensorMeta>& in,
+                   const Attrs& a) { return scaled_each(in, a.i("group_size"), 1, "all_gather"); },
+       .backward = [](GradContext& c) { return bucket_backward(c, true); },
+       .collective = Collective::kAllGather});
   r.add_op({.name = "reduce_scatter",
             .infer =
                 [](const std::vector<TensorMeta>& in, const Attrs& a) {
-                  return std::vector<TensorMeta>{
-                      scaled_dim0(in.at(0), 1, a.i("group_size"), "reduce_scatter")};
+                  return scaled_each(in, 1, a.i("group_size"), "reduce_scatter");
                 },
-            .backward =
-                [](GradContext& c) {
-                  return std::vector<ValueId>{all_gather(c.b, c.grad_out(0), c.attrs().group(),
-                                                         int(c.attrs().i("group_size")))};
-                },
+            .backward = [](GradContext& c) { return bucket_backward(c, false); },
             .collective = Collective::kReduceScatter});
   r.add_op({.name = "all_reduce",
             .infer = [](const std::vector<TensorMeta>& in,
@@ -89,14 +197,51 @@ MT_REGISTER_OPS {
                 },
             .view_of_input = 0});
 
-  register_kernel_all("all_gather", [](KernelContext& c) {
-    Communicator& comm = c.services->comm(c.attrs().group());
-    comm.all_gather(c.in[0], c.out[0], *c.stream);
-  });
-  register_kernel_all("reduce_scatter", [](KernelContext& c) {
-    Communicator& comm = c.services->comm(c.attrs().group());
-    comm.reduce_scatter(c.in[0], c.out[0], ReduceOp::kSum, *c.stream);
-  });
+  // A bucket packs its shards into the workspace, runs one collective into the rest of it and
+  // unpacks, all on the node's stream: the bytes each rank receives are the single ops' bytes.
+  register_kernel_all(
+      "all_gather",
+      [](KernelContext& c) {
+        Communicator& comm = c.services->comm(c.attrs().group());
+        if (c.in.size() == 1) {
+          comm.all_gather(c.in[0], c.out[0], *c.stream);
+          return;
+        }
+        Backend& be = c.services->backend();
+        const BucketLayout l = bucket_layout(block_bytes_of(c.in));
+        const size_t send_bytes = (l.block_bytes + 255) / 256 * 256;
+        const int k = comm.size();
+        Tensor send = flat_view(c.workspace, 0, l.block_bytes, c.in[0].dtype());
+        Tensor recv =
+            flat_view(c.workspace, send_bytes, l.block_bytes * size_t(k), c.in[0].dtype());
+        pack_rank_blocks(be, *c.stream, c.in, send.raw(), l, 1);
+        comm.all_gather(send, recv, *c.stream);
+        unpack_rank_blocks(be, *c.stream, recv.raw(), c.out, l, k);
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out, const Attrs& a) {
+        return bucket_workspace(in, out, a, true);
+      });
+  register_kernel_all(
+      "reduce_scatter",
+      [](KernelContext& c) {
+        Communicator& comm = c.services->comm(c.attrs().group());
+        if (c.in.size() == 1) {
+          comm.reduce_scatter(c.in[0], c.out[0], ReduceOp::kSum, *c.stream);
+          return;
+        }
+        Backend& be = c.services->backend();
+        const BucketLayout l = bucket_layout(block_bytes_of(c.out));
+        const int k = comm.size();
+        const size_t send_bytes = (l.block_bytes * size_t(k) + 255) / 256 * 256;
+        Tensor send = flat_view(c.workspace, 0, l.block_bytes * size_t(k), c.in[0].dtype());
+        Tensor recv = flat_view(c.workspace, send_bytes, l.block_bytes, c.in[0].dtype());
+        pack_rank_blocks(be, *c.stream, c.in, send.raw(), l, k);
+        comm.reduce_scatter(send, recv, ReduceOp::kSum, *c.stream);
+        unpack_rank_blocks(be, *c.stream, recv.raw(), c.out, l, 1);
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out, const Attrs& a) {
+        return bucket_workspace(in, out, a, false);
+      });
   register_kernel_all("all_reduce", [](KernelContext& c) {
     Communicator& comm = c.services->comm(c.attrs().group());
     // Out-of-place in the graph, in place for the communicator: copy first (same stream).

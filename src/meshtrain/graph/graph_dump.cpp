@@ -122,13 +122,18 @@ std::string human_bytes(int64_t b) {
 }
 
 int64_t collective_bytes(const Graph& g, const Node& n) {
-  auto bytes = [&](ValueId v) { return int64_t(g.value(v).meta.nbytes()); };
+  // A bucketed collective moves the sum of its tensors.
+  auto bytes = [&](const std::vector<ValueId>& vs) {
+    int64_t b = 0;
+    for (ValueId v : vs) b += int64_t(g.value(v).meta.nbytes());
+    return b;
+  };
   switch (OpRegistry::instance().op(n.op).collective) {
     case Collective::kNone: return 0;
-    case Collective::kAllGather: return bytes(n.outputs.at(0));
+    case Collective::kAllGather: return bytes(n.outputs);
     case Collective::kReduceScatter:
-    case Collective::kAllReduce: return bytes(n.inputs.at(0));
-    case Collective::kExchange: return std::max(bytes(n.inputs.at(0)), bytes(n.outputs.at(0)));
+    case Collective::kAllReduce: return bytes(n.inputs);
+    case Collective::kExchange: return std::max(bytes({n.inputs.at(0)}), bytes({n.outputs.at(0)}));
   }
   return 0;
 }

@@ -303,6 +303,28 @@ std::vector<Binding> make_bindings() {
     b.spec.accepts_integers().validated_by(check_selective_ac_option);
     t.push_back(std::move(b));
   }
+  // [compile]
+  {
+    Binding b = field("compile", "graph_passes", &J::compile, &CompileSection::graph_passes,
+                      "Scheduling passes (SimpleFSDP's graph_passes): bucket the FSDP gathers and "
+                      "reduce-scatters per transformer block, or by size (bucket_cap_mb), and "
+                      "prefetch them max_gathered_blocks - 1 blocks ahead; none = one collective "
+                      "per parameter in program order",
+                      {"transformer_block_bucketing", "size_bucketing", "none", "auto_bucketing"});
+    b.spec.honours_only(
+        [](const ConfigValue& v) { return std::get<std::string>(v) != "auto_bucketing"; },
+        "auto_bucketing is torch.compile's estimator-driven bucketing; meshtrain buckets per "
+        "transformer block (transformer_block_bucketing) or by size (size_bucketing)");
+    t.push_back(std::move(b));
+  }
+  t.push_back(field("compile", "bucket_cap_mb", &J::compile, &CompileSection::bucket_cap_mb,
+                    "size_bucketing: close a bucket once it holds this many MiB")
+                  .at_least(1));
+  t.push_back(field("compile", "max_gathered_blocks", &J::compile,
+                    &CompileSection::max_gathered_blocks,
+                    "Blocks whose weights are gathered at once: the next block's gather is issued "
+                    "max_gathered_blocks - 1 blocks ahead of its compute; 1 = no prefetch")
+                  .at_least(1));
   // [profiling]
   t.push_back(field("profiling", "enable_profiling", &J::profiling,
                     &ProfilingSection::enable_profiling, "Whether to collect profiler traces"));

@@ -130,6 +130,14 @@ struct ActivationCheckpointSection {
   int selective_layer_interval() const;
 };
 
+// [compile]: the scheduling passes over the step graph (torchtitan's SimpleFSDP graph_passes).
+struct CompileSection {
+  // "transformer_block_bucketing" | "size_bucketing" | "none" (one collective per parameter)
+  std::string graph_passes = "transformer_block_bucketing";
+  int64_t bucket_cap_mb = 25;       // size_bucketing: a bucket closes at this many MiB
+  int64_t max_gathered_blocks = 2;  // blocks whose weights are gathered at once; 1 = no prefetch
+};
+
 struct ProfilingSection {
   bool enable_profiling = false;
   int64_t profile_freq = 10;
@@ -190,6 +198,7 @@ struct JobConfig {
   MetricsSection metrics;
   ParallelismSection parallelism;
   ActivationCheckpointSection activation_checkpoint;
+  CompileSection compile;
   ProfilingSection profiling;
   CommSection comm;
   ValidationSection validation;

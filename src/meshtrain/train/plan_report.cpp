@@ -9,6 +9,7 @@
 #include "meshtrain/ir/op_registry.h"
 #include "meshtrain/model/counting.h"
 #include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/train/cost_model.h"
 #include "meshtrain/train/step_graph.h"
 #include "meshtrain/train/torchtitan_assets.h"
 #include "meshtrain/train/trainer.h"
@@ -35,7 +36,8 @@ int smallest_world(const JobConfig& cfg) {
   return fixed;
 }
 
-std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_graph) {
+std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_graph,
+                        const PlanCostOptions& cost) {
   const bool chosen = world == 0;
   if (chosen) world = smallest_world(cfg);
   MT_CHECK_T(ConfigError, world >= 1 && rank >= 0 && rank < world,
@@ -120,6 +122,30 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
                      cfg.activation_checkpoint.mode, sg->checkpoint.nodes_recomputed,
                      sg->checkpoint.regions);
   r += "\n";
+  if (sg->buckets.buckets > 0 || sg->prefetch.gathers_moved > 0) {
+    // What prefetching costs: the same graph with one block gathered at a time.
+    JobConfig one = cfg;
+    one.compile.max_gathered_blocks = 1;
+    const MemoryPlan mp1 = plan_memory(build_step_graph(one, &groups, so)->graph, device_type);
+    r += fmt::format(
+        "scheduling:  {}: {} parameter collectives -> {} ({} buckets); {} gathers prefetched "
+        "({} blocks gathered at once): arena {} ({:+.3f} GiB over no prefetch)\n",
+        cfg.compile.graph_passes, sg->buckets.collectives_before, sg->buckets.collectives_after,
+        sg->buckets.buckets, sg->prefetch.gathers_moved, cfg.compile.max_gathered_blocks,
+        gib(mp.arena_bytes), double(mp.arena_bytes - mp1.arena_bytes) / double(1ull << 30));
+  }
+  {
+    ThroughputTable table = cost.table.empty() ? default_throughput_table(device_type)
+                                               : read_throughput_table(cost.table);
+    LinkParams links = default_links(device_type);
+    if (cost.ranks_per_node > 0) links.ranks_per_node = cost.ranks_per_node;
+    if (cost.intra_gbps > 0) links.intra_bytes_per_s = cost.intra_gbps * 1e9;
+    if (cost.inter_gbps > 0) links.inter_bytes_per_s = cost.inter_gbps * 1e9;
+    if (cost.intra_latency_us > 0) links.intra_latency_s = cost.intra_latency_us * 1e-6;
+    if (cost.inter_latency_us > 0) links.inter_latency_s = cost.inter_latency_us * 1e-6;
+    const StepCost sc = estimate_step(sg->graph, device_type, dims, groups, table, links, accum);
+    r += step_cost_text(sc, table, links, accum);
+  }
   if (dump_graph || cfg.job.dump_graph) {
     OptimizerGraph og;
     build_optimizer_graph(og, layout_param_groups(*sg->plan), *sg->plan, adamw_params(cfg, accum),

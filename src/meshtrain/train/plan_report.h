@@ -11,7 +11,15 @@ namespace meshtrain {
 
 // world_size 0: the smallest world the [parallelism] degrees fit (expert_parallel_degree 8 with
 // the other degrees at 1 needs 8 ranks).
-std::string plan_report(const JobConfig& cfg, int world_size, int rank, bool dump_graph = false);
+// The cost model's inputs (train/cost_model.h): a throughput table file ("" = the shipped
+// defaults of the device) and link overrides (<= 0 = the device's default).
+struct PlanCostOptions {
+  std::string table;
+  int ranks_per_node = 0;
+  double intra_gbps = 0, intra_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;
+};
+std::string plan_report(const JobConfig& cfg, int world_size, int rank, bool dump_graph = false,
+                        const PlanCostOptions& cost = {});
 int smallest_world(const JobConfig& cfg);
 
 }  // namespace meshtrain

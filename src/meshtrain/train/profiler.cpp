@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/ir/op_registry.h"
+#include "meshtrain/train/cost_model.h"
 
 namespace meshtrain {
 namespace {
@@ -125,7 +126,9 @@ std::string Profiler::write_trace(const std::string& folder, int64_t step) {
            {"phase", node_phase_name(n.phase)},
            {"shapes", fmt::format("{} -> {}", meta_string(g, n.inputs), meta_string(g, n.outputs))},
            {"node", n.id},
-           {"micro_batch", r.run}}}});
+           {"micro_batch", r.run},
+           {"flops", node_work(g, n).flops},
+           {"bytes", node_work(g, n).bytes}}}});
   }
   nlohmann::json trace = {
       {"traceEvents", events},

@@ -112,9 +112,23 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
       return !(scope == last || scope.rfind(last + ".", 0) == 0);
     });
   }
+  // Then the scheduling passes: buckets over the gathers the passes above left (re-gathers
+  // included), then the prefetch order.
+  sg->buckets = bucket_collectives(g, bucket_options(cfg.compile));
+  if (cfg.compile.graph_passes != "none")
+    sg->prefetch = prefetch_gathers(g, int(cfg.compile.max_gathered_blocks));
   // Last: collectives onto one stream per mesh group (the CPU backend runs streams in order).
   sg->streams = assign_streams(g);
   return sg;
+}
+
+BucketOptions bucket_options(const CompileSection& c) {
+  BucketOptions o;
+  o.mode = c.graph_passes == "none"             ? BucketMode::kNone
+           : c.graph_passes == "size_bucketing" ? BucketMode::kSize
+                                                : BucketMode::kTransformerBlock;
+  o.bucket_bytes = c.bucket_cap_mb << 20;
+  return o;
 }
 
 ops::AdamWParams adamw_params(const JobConfig& cfg, int64_t accum_steps) {

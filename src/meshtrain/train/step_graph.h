@@ -10,6 +10,7 @@
 
 #include "meshtrain/graph/memory_plan.h"
 #include "meshtrain/graph/passes/activation_checkpoint.h"
+#include "meshtrain/graph/passes/bucket_collectives.h"
 #include "meshtrain/graph/passes/reshard_after_forward.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/optimizer.h"
@@ -28,6 +29,8 @@ struct StepGraph {
   ValueId loss_sum = kNoValue;  // persistent [1] accumulator of `loss` over a step's micro-batches
   ReshardStats reshard;
   CheckpointStats checkpoint;
+  BucketStats buckets;
+  PrefetchStats prefetch;
   std::map<MeshGroup, int> streams;  // mesh group -> stream index
   int64_t local_batch = 0, seq_len = 0;
 };
@@ -55,6 +58,8 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
 std::unique_ptr<StepGraph> build_forward_graph(const JobConfig& cfg, const GroupLayout* layout,
                                                const StepGraphOptions& options, int64_t local_batch,
                                                int64_t seq_len);
+// [compile] as the bucketing pass's options.
+BucketOptions bucket_options(const CompileSection& compile);
 // The AdamW settings of a job that accumulates over `accum_steps` micro-batches.
 ops::AdamWParams adamw_params(const JobConfig& cfg, int64_t accum_steps);
 // Load balancing of the plan's MoE layers: the expert counts are summed over the ranks that

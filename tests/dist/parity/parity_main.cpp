@@ -3,7 +3,9 @@
 // communicator of its own, then every rank runs the parallel job; per-step losses, gradient
 // norms and the final parameters (each rank's shard against the same slice of the reference,
 // padding rows must stay zero) must agree within --tol (relative). --compare-reshard instead
-// runs the layout with fsdp_reshard_after_forward never and always and requires equal losses.
+// runs the layout with fsdp_reshard_after_forward never and always and requires equal losses;
+// --compare-passes runs it with [compile] graph_passes none, transformer_block_bucketing and
+// size_bucketing (a 1 MiB cap) and requires bitwise equal losses and gradient norms.
 // On CUDA (--job.device cuda) the trainers run over the nccl world and the comparisons over MPI;
 // --precisions float32,bfloat16 runs the check once per compute dtype (bf16: every step within
 // --bf16-tol, the mean loss difference within --bf16-mean-tol, parameters within --bf16-tol), and
@@ -32,6 +34,7 @@ struct Options {
   std::string name = "layout";
   std::vector<std::string> precisions;  // empty: the config's own mixed_precision_param
   bool expect_overflow = false;  // the layout's expert exchanges must exceed their plan
+  bool compare_passes = false;
   std::vector<std::string> overrides;
 };
 
@@ -67,6 +70,8 @@ Options parse(int argc, char** argv) {
       o.compare_reshard = true;
     else if (a == "--expect-overflow")
       o.expect_overflow = true;
+    else if (a == "--compare-passes")
+      o.compare_passes = true;
     else
       o.overrides.push_back(a);
   }
@@ -175,6 +180,34 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
   if (rank == 0)
     std::printf("final parameters: max relative difference %.3e over all ranks\n", f.param);
   return f;
+// Runs `a` and `b` on all ranks; returns the steps whose loss or gradient norm differ in any bit.
+int compare_bitwise(const Options& o, Communicator& world, const LaunchInfo& launch,
+                    const JobConfig& a_cfg, const JobConfig& b_cfg, const char* a_name,
+                    const char* b_name) {
+  RunResult a, b;
+  {
+    Trainer t(a_cfg, world, launch);
+    a = run(t, o.steps);
+  }
+  {
+    Trainer t(b_cfg, world, launch);
+    b = run(t, o.steps);
+  }
+  int failures = 0;
+  const bool root = world.rank() == 0;
+  for (int s = 0; s < o.steps; ++s)
+    if (a.loss[size_t(s)] != b.loss[size_t(s)] ||
+        a.grad_norm[size_t(s)] != b.grad_norm[size_t(s)]) {
+      ++failures;
+      if (root)
+        std::printf("step %d: %s loss %.17g norm %.17g, %s loss %.17g norm %.17g\n", s + 1, a_name,
+                    a.loss[size_t(s)], a.grad_norm[size_t(s)], b_name, b.loss[size_t(s)],
+                    b.grad_norm[size_t(s)]);
+    }
+  if (root)
+    std::printf("%s vs %s: %d mismatching steps of %d (bitwise)\n", a_name, b_name, failures,
+                o.steps);
+  return failures;
 }
 
 }  // namespace
@@ -193,28 +226,19 @@ int main(int argc, char** argv) {
                           .train_seconds = double(probe.comm.train_timeout_seconds)});
     Communicator& world = cuda ? rt.world("nccl") : host_comm;  // what the trainers run over
     if (o.compare_reshard) {
-      JobConfig never = job(o, {"--parallelism.fsdp_reshard_after_forward", "never"});
-      JobConfig always = job(o, {"--parallelism.fsdp_reshard_after_forward", "always"});
-      RunResult a, b;
-      {
-        Trainer t(never, world, rt.launch());
-        a = run(t, o.steps);
-      }
-      {
-        Trainer t(always, world, rt.launch());
-        b = run(t, o.steps);
-      }
-      for (int s = 0; s < o.steps; ++s)
-        if (a.loss[size_t(s)] != b.loss[size_t(s)] ||
-            a.grad_norm[size_t(s)] != b.grad_norm[size_t(s)]) {
-          ++failures;
-          if (rank == 0)
-            std::printf("step %d: never loss %.17g norm %.17g, always loss %.17g norm %.17g\n",
-                        s + 1, a.loss[size_t(s)], a.grad_norm[size_t(s)], b.loss[size_t(s)],
-                        b.grad_norm[size_t(s)]);
-        }
-      if (rank == 0)
-        std::printf("reshard never vs always: %d mismatching steps of %d\n", failures, o.steps);
+      failures +=
+          compare_bitwise(o, world, rt.launch(), job(o, {"--parallelism.fsdp_reshard_after_forward", "never"}),
+                          job(o, {"--parallelism.fsdp_reshard_after_forward", "always"}),
+                          "reshard never", "reshard always");
+    } else if (o.compare_passes) {
+      const JobConfig none = job(o, {"--compile.graph_passes", "none"});
+      failures += compare_bitwise(o, world, rt.launch(), none,
+                                  job(o, {"--compile.graph_passes", "transformer_block_bucketing"}),
+                                  "unbucketed", "transformer_block_bucketing");
+      failures += compare_bitwise(
+          o, world, rt.launch(), none,
+          job(o, {"--compile.graph_passes", "size_bucketing", "--compile.bucket_cap_mb", "1"}),
+          "unbucketed", "size_bucketing");
     } else {
       std::vector<std::string> precisions = o.precisions;
       if (precisions.empty()) precisions.push_back("");  // the config's own dtype

@@ -3,6 +3,7 @@
 // (a bf16 MPI_Op would round after every pairwise step). Counts beyond MPI's int range throw.
 #include "meshtrain/comm/mpi/mpi_communicator.h"
 
+#include <algorithm>
 #include <climits>
 
 #include "meshtrain/comm/collective_watchdog.h"
@@ -41,6 +42,22 @@ int mpi_count(int64_t n, const std::string& comm, const char* collective, const 
              "it into smaller collectives",
              comm, collective, what, n, INT_MAX);
   return int(n);
+}
+
+// out[j] = blocks[0][j] op blocks[1][j] op ... in rank order (blocks of m elements; out may be
+// block 0 itself).
+template <typename T>
+void reduce_blocks_in_rank_order(const T* blocks, T* out, int64_t m, int ranks, ReduceOp op) {
+  for (int64_t j = 0; j < m; ++j) {
+    T acc = blocks[j];
+    for (int r = 1; r < ranks; ++r) {
+      const T v = blocks[int64_t(r) * m + j];
+      acc = op == ReduceOp::kSum   ? T(acc + v)
+            : op == ReduceOp::kMax ? std::max(acc, v)
+                                   : std::min(acc, v);
+    }
+    out[j] = acc;
+  }
 }
 
 }  // namespace
@@ -121,18 +138,46 @@ Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduce
              "communicator '{}': reduce_scatter input and output overlap; MPI needs separate "
              "buffers",
              name_);
+  // Not MPI_Reduce_scatter_block: Open MPI picks its algorithm (and so the order of the float
+  // additions) by message size and rank count, so a bucket would not sum like its tensors alone.
+  // Here every rank receives block rank() of each peer's input (one all-to-all, the bytes of a
+  // ring reduce-scatter) and adds the blocks in rank order: the result of an element depends only
+  // on its values, never on the buffer around it.
   int m = mpi_count(out.numel(), name_, "reduce_scatter", "output");
   mpi_count(in.numel(), name_, "reduce_scatter", "input");
   if (comm_needs_staging(in.dtype())) {
     float* a = staging(0, in.numel());
-    float* b = staging(1, out.numel());
+    float* b = staging(1, in.numel());
     bf16_to_f32(static_cast<const BFloat16*>(in.raw()), a, in.numel());
-    MPI_CHECK(MPI_Reduce_scatter_block(a, b, m, MPI_FLOAT, mpi_op(op), comm_));
+    MPI_CHECK(MPI_Alltoall(a, m, MPI_FLOAT, b, m, MPI_FLOAT, comm_));
+    reduce_blocks_in_rank_order(b, b, m, size_, op);
     f32_to_bf16(b, static_cast<BFloat16*>(out.raw()), out.numel());
     return {};
   }
-  MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), m, mpi_move_type(in.dtype()), mpi_op(op),
-                                     comm_));
+  const size_t elem = dtype_size(in.dtype());
+  void* recv = staging(1, (int64_t(in.nbytes()) + 3) / 4);
+  MPI_Datatype type = mpi_move_type(in.dtype());
+  MPI_CHECK(MPI_Alltoall(in.raw(), m, type, recv, m, type, comm_));
+  switch (in.dtype()) {
+    case DType::kF32:
+      reduce_blocks_in_rank_order(static_cast<const float*>(recv), out.data<float>(), m, size_, op);
+      break;
+    case DType::kF64:
+      reduce_blocks_in_rank_order(static_cast<const double*>(recv), out.data<double>(), m, size_,
+                                  op);
+      break;
+    case DType::kI32:
+      reduce_blocks_in_rank_order(static_cast<const int32_t*>(recv), out.data<int32_t>(), m, size_,
+                                  op);
+      break;
+    case DType::kI64:
+      reduce_blocks_in_rank_order(static_cast<const int64_t*>(recv), out.data<int64_t>(), m, size_,
+                                  op);
+      break;
+    default:
+      MT_THROW(ValueError, "communicator '{}': reduce_scatter of {} ({} bytes each) unsupported",
+               name_, dtype_name(in.dtype()), elem);
+  }
   return {};
 }
 
