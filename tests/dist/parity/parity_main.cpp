@@ -33,7 +33,7 @@ struct Options {
   bool compare_reshard = false;
   std::string name = "layout";
   std::vector<std::string> precisions;  // empty: the config's own mixed_precision_param
-  bool expect_overflow = false;  // the layout's expert exchanges must exceed their plan
+  bool expect_overflow = false;         // the layout's expert exchanges must exceed their plan
   bool compare_passes = false;
   std::vector<std::string> overrides;
 };
@@ -157,8 +157,8 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
         f.loss, f.grad_norm, tol, f.mean_loss, mean_tol);
   }
   // Expert exchanges beyond the planned capacity, over all ranks (handled dropless).
-  Tensor ov = Tensor::from_vector(
-      std::vector<int64_t>{got.expert_exchanges, got.expert_overflows}, Shape{2});
+  Tensor ov = Tensor::from_vector(std::vector<int64_t>{got.expert_exchanges, got.expert_overflows},
+                                  Shape{2});
   host_comm.all_reduce(ov, ReduceOp::kSum, host.stream(0));
   const int64_t exchanges = ov.data<int64_t>()[0], overflows = ov.data<int64_t>()[1];
   if (rank == 0)
@@ -180,6 +180,8 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
   if (rank == 0)
     std::printf("final parameters: max relative difference %.3e over all ranks\n", f.param);
   return f;
+}
+
 // Runs `a` and `b` on all ranks; returns the steps whose loss or gradient norm differ in any bit.
 int compare_bitwise(const Options& o, Communicator& world, const LaunchInfo& launch,
                     const JobConfig& a_cfg, const JobConfig& b_cfg, const char* a_name,
@@ -226,10 +228,10 @@ int main(int argc, char** argv) {
                           .train_seconds = double(probe.comm.train_timeout_seconds)});
     Communicator& world = cuda ? rt.world("nccl") : host_comm;  // what the trainers run over
     if (o.compare_reshard) {
-      failures +=
-          compare_bitwise(o, world, rt.launch(), job(o, {"--parallelism.fsdp_reshard_after_forward", "never"}),
-                          job(o, {"--parallelism.fsdp_reshard_after_forward", "always"}),
-                          "reshard never", "reshard always");
+      failures += compare_bitwise(o, world, rt.launch(),
+                                  job(o, {"--parallelism.fsdp_reshard_after_forward", "never"}),
+                                  job(o, {"--parallelism.fsdp_reshard_after_forward", "always"}),
+                                  "reshard never", "reshard always");
     } else if (o.compare_passes) {
       const JobConfig none = job(o, {"--compile.graph_passes", "none"});
       failures += compare_bitwise(o, world, rt.launch(), none,
