@@ -45,13 +45,18 @@ while :; do
   if [ $kills -lt 3 ]; then
     victim_rank=$((RANDOM % 4))
     if [ $((kills + 1)) = $save_kill ]; then
-      # The N-th file write of this attempt on that rank: inside the first save it makes.
+      # The N-th file write of this attempt on that rank: inside the first save it makes. Only
+      # the first replica (ranks 0 and 1) writes files under HSDP (one replica of each piece is
+      # written), so the victim is one of those; a rank of the other replica would never fire.
+      victim_rank=$((RANDOM % 2))
       env=(MESHTRAIN_CHECKPOINT_FAULT="kill@$((RANDOM % 6 + 1)):rank=$victim_rank")
     else
-      # A random step between the resume point and the end, then a random moment inside it.
-      span=$((steps - from - 3))
-      [ $span -lt 1 ] && span=1
-      target=$((from + 1 + RANDOM % span))
+      # A random step in this kill's third of the run (after the resume point, before the last
+      # steps), then a random moment inside it: the three kills cannot all crowd the end.
+      lo=$((kills * steps / 3 + 1)); [ $lo -le $from ] && lo=$((from + 1))
+      hi=$(((kills + 1) * steps / 3)); [ $hi -gt $((steps - 3)) ] && hi=$((steps - 3))
+      [ $hi -lt $lo ] && hi=$lo
+      target=$((lo + RANDOM % (hi - lo + 1)))
     fi
   fi
   before=$(logged)
