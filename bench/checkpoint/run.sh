@@ -16,13 +16,7 @@ mkdir -p "$OUT"
 if [ -z "${MT_ARGS:-}" ] && [ ! -d /usr/share/games/fortunes ]; then
   # The config reads fortunes; a GPU machine without the Debian package gets random tokens
   # (llm.c's token file: a 256 × int32 header, uint16 tokens). The save cost does not depend on them.
-  python3 - "$OUT/random_tokens.bin" <<'PY'
-import os, struct, sys
-n = 4 * 4097 * 32
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(os.urandom(2 * n))
-PY
+  python3 bench/random_tokens.py "$OUT/random_tokens.bin" $((4 * 4097 * 32))
   MT_ARGS="--training.dataset tokens --training.dataset_path $OUT/random_tokens.bin"
 fi
 for mode in async disabled; do

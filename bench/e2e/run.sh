@@ -18,13 +18,7 @@ mkdir -p "$OUT"
 : > "$OUT/results.jsonl"
 if [ -z "${MT_ARGS:-}" ]; then
   # llm.c's token file: a 256 × int32 header (magic 20240520, version 1, count), uint16 tokens.
-  python3 - "$OUT/random_tokens.bin" <<'PY'
-import os, struct, sys
-n = 4 * 4097 * 64
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-    f.write(os.urandom(2 * n))
-PY
+  python3 bench/random_tokens.py "$OUT/random_tokens.bin" $((4 * 4097 * 64))
   MT_ARGS="--training.dataset tokens --training.dataset_path $OUT/random_tokens.bin"
 fi
 declare -A CONFIG=([deepseek_v3_16b]=configs/bench_deepseek_v3_16b_4l.toml
