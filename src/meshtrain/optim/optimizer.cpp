@@ -90,7 +90,8 @@ void Optimizer::step(int64_t step, double lr) {
 double Optimizer::last_grad_norm() {
   Stream& s = backend_.stream(0);
   backend_.copy(host_norm_.raw(), exec_->tensor(og_.norm_sq).raw(), 8, CopyKind::kDeviceToHost, s);
-  // Host sync: the norm is read for the log line and metrics, only on logging steps.
+  // Host sync: the trainer reads the norm every step for its non-finite check (the same stream
+  // was just synchronised for the loss, so this wait is short), and for the log line.
   s.synchronize();
   return std::sqrt(host_norm_.data<double>()[0]);
 }

@@ -316,7 +316,8 @@ double Trainer::read_step_loss() {
   mesh_->comm(MeshGroup::kWorld).all_reduce(loss_sum_buffer_, ReduceOp::kSum, s);
   backend_->copy(host_scalar_.raw(), loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(),
                  CopyKind::kDeviceToHost, s);
-  // Host sync: the loss is read for the log line, on logging steps only.
+  // Host sync, every step: the non-finite check ([training] skip_nonfinite_steps, the default
+  // stop) must see the loss of the step it appears in, and the log line reuses it.
   s.synchronize();
   return host_scalar_.item_as_double(0);
 }
