@@ -23,7 +23,14 @@ common=(train --config "$cfg" --nproc 4 --parallelism.data_parallel_replicate_de
   --checkpoint.keep_latest_k 3 --checkpoint.last_save_model_only false --comm.train_timeout_seconds 60)
 fields() { sed -E 's/.*"grad_norm":([^,]*),"loss":([^,]*),.*"step":([0-9]+),.*/\3 \2 \1/' "$1"; }
 logged() { [ -f "$work/run/metrics.jsonl" ] && wc -l <"$work/run/metrics.jsonl" || echo 0; }
-last_step() { [ -f "$work/run/metrics.jsonl" ] && fields "$work/run/metrics.jsonl" | tail -1 | cut -d' ' -f1 || echo 0; }
+# The last step logged after line SKIP (default 0) of the run's metrics, 0 when none is (the file
+# exists, empty, from a run's start; a resumed run appends to the dead attempts' lines).
+last_step() {
+  local s=
+  [ -f "$work/run/metrics.jsonl" ] &&
+    s=$(tail -n +$((${1:-0} + 1)) "$work/run/metrics.jsonl" | fields /dev/stdin | tail -1 | cut -d' ' -f1)
+  [[ $s =~ ^[0-9]+$ ]] && echo "$s" || echo 0
+}
 latest_ckpt() { ls "$work/run/checkpoint" 2>/dev/null | sed -n 's/^step-\([0-9]*\)$/\1/p' | sort -n | tail -1; }
 
 t_start=$SECONDS
@@ -64,16 +71,19 @@ while :; do
     >"$work/attempt-$attempt.log" 2>&1 &
   job=$!
   if [ $target -gt 0 ]; then
-    while kill -0 $job 2>/dev/null && [ "$(last_step)" -lt $target ]; do sleep 0.05; done
+    # This attempt's own lines: the kill lands inside a step of this run, never in its startup.
+    while kill -0 $job 2>/dev/null && [ "$(last_step "$before")" -lt $target ]; do sleep 0.05; done
     sleep "0.$((RANDOM % 5))"
     pid=$(cut -d' ' -f2 "$work/run/.ranks/rank-$victim_rank" 2>/dev/null)
-    [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+    [ -n "$pid" ] || fail "attempt $attempt: no pid for rank $victim_rank in $work/run/.ranks at step $(last_step)"
+    kill -KILL "$pid" 2>/dev/null
   fi
   t0=$SECONDS
   wait $job
   rc=$?
   if [ $rc = 0 ]; then
     [ "$(last_step)" = "$steps" ] || fail "attempt $attempt exited 0 before step $steps"
+    [ $kills -ge 3 ] || fail "attempt $attempt ran to the end: its planned kill (kill $((kills + 1)): ${env[*]-step ~$target}) did not happen"
     break
   fi
   [ $kills -ge 3 ] && fail "attempt $attempt failed without a planned kill: $(grep meshtrain: "$work/attempt-$attempt.log" | head -3)"

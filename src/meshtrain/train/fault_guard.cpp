@@ -19,6 +19,7 @@ namespace {
 constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR2};
 volatile sig_atomic_t g_stop_signal = 0;
 volatile sig_atomic_t g_signals_seen = 0;
+volatile sig_atomic_t g_stepping = 0;  // set by the first begin_step
 char g_first_line[160], g_second_line[160];  // formatted at install: a handler cannot format
 struct sigaction g_previous[3];
 int g_guards = 0;  // live FaultGuards (tests nest trainers): the first installs, the last restores
@@ -26,7 +27,12 @@ int g_guards = 0;  // live FaultGuards (tests nest trainers): the first installs
 void write_line(const char* s) { (void)!::write(2, s, std::strlen(s)); }
 
 // Async-signal-safe: a flag, a prepared line, the watchdog's atomic, and _exit for the second.
+// Before the first step there is no step to finish and nothing new to save: the signal ends the
+// rank at once, silently, as it would without a handler. That is also how the other ranks go when
+// rank 0 stops on a startup error and mpirun's abort sends them SIGTERM (one error line, not one
+// "finishing the current step" line per rank).
 void on_stop_signal(int sig) {
+  if (!g_stepping) ::_exit(128 + sig);
   if (g_signals_seen++ == 0) {
     g_stop_signal = sig;
     write_line(g_first_line);
@@ -61,6 +67,7 @@ FaultGuard::FaultGuard(const JobConfig& cfg, Backend& backend, Communicator& wor
   if (g_guards++ == 0) {
     g_stop_signal = 0;
     g_signals_seen = 0;
+    g_stepping = 0;
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
@@ -84,6 +91,7 @@ FaultGuard::~FaultGuard() {
 }
 
 void FaultGuard::begin_step(int64_t step) {
+  g_stepping = 1;
   watchdog_set_step(step);
   const DebugSection& d = cfg_.debug;
   if (d.inject_stall_step == step && d.inject_stall_rank == rank_) {
