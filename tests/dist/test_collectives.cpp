@@ -1,6 +1,7 @@
 // all_gather, reduce_scatter, all_reduce and broadcast over MPI for every dtype, against values
 // computed locally; bf16 accumulation in float32; determinism and cross-rank agreement on
-// random data; staging-buffer reuse; argument errors; MPI_CHECK.
+// random data; float sums in rank order at any buffer length; staging-buffer reuse; argument
+// errors; MPI_CHECK.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -222,6 +223,42 @@ TEST(DistCollectives, FloatReductionsAreDeterministic) {
           [&](int64_t j) { return ref_dt[size_t(rank() * m + j)]; },
           fmt::format("reduce_scatter {} n={}", dtype_name(dt), n),
           dt == DType::kBF16 ? nranks() / 256.0 : 1e-5);
+    }
+  }
+}
+
+// Float sums go element by element in rank order: the result is the explicit left-to-right sum
+// over ranks, bit for bit, and a slice all-reduced alone equals the same elements all-reduced
+// inside a longer buffer (what makes a bucketed gradient all-reduce equal the per-tensor ones).
+TEST(DistCollectives, FloatSumsAreInRankOrderWhateverTheBufferLength) {
+  const uint64_t seed = dist::shared_fresh_seed();
+  const int64_t n = 1001, off = 3, len = 17;
+  for (DType dt : {DType::kF32, DType::kF64, DType::kBF16}) {
+    std::vector<Tensor> inputs;  // every rank's input, rounded to dt
+    for (int p = 0; p < nranks(); ++p) {
+      auto v = random_floats(seed, p, n);
+      inputs.push_back(dist::filled(Shape{n}, dt, [&](int64_t i) { return v[size_t(i)]; }));
+    }
+    Tensor whole =
+        dist::filled(Shape{n}, dt, [&](int64_t i) { return get_elem(inputs[size_t(rank())], i); });
+    Tensor part = dist::filled(
+        Shape{len}, dt, [&](int64_t i) { return get_elem(inputs[size_t(rank())], off + i); });
+    world().all_reduce(whole, ReduceOp::kSum, stream());
+    world().all_reduce(part, ReduceOp::kSum, stream());
+    for (int64_t i = 0; i < len; ++i)
+      ASSERT_EQ(get_elem(part, i), get_elem(whole, off + i))
+          << dtype_name(dt) << ": element " << off + i << " alone and inside " << n;
+    if (dt == DType::kBF16) continue;  // bf16: a float32 sum rounded once (tested above)
+    for (int64_t i = 0; i < n; ++i) {
+      double acc = get_elem(inputs[0], i);
+      if (dt == DType::kF32) {
+        float f = float(acc);
+        for (int p = 1; p < nranks(); ++p) f += float(get_elem(inputs[size_t(p)], i));
+        acc = f;
+      } else {
+        for (int p = 1; p < nranks(); ++p) acc += get_elem(inputs[size_t(p)], i);
+      }
+      ASSERT_EQ(get_elem(whole, i), acc) << dtype_name(dt) << " element " << i;
     }
   }
 }

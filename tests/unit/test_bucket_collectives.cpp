@@ -81,6 +81,48 @@ TEST(BucketCollectives, DeepSeekFsdp4Ep2CountsPerStep) {
   EXPECT_EQ(total(a) - total(b), 220 - 31);
 }
 
+// HSDP 2 x 4 + EP 2 (world 8): the replicas' gradient all-reduces are bucketed per block too, apart
+// from the reduce-scatters that feed them.
+TEST(BucketCollectives, HsdpReplicaAllReducesAreBucketedPerBlock) {
+  using C = Collective;
+  using G = MeshGroup;
+  auto build = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> o = {"--parallelism.data_parallel_replicate_degree", "2",
+                                  "--parallelism.data_parallel_shard_degree",     "4",
+                                  "--parallelism.expert_parallel_degree",         "2"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    JobConfig cfg =
+        parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/deepseek_v3_debug.toml", o);
+    Built b;
+    b.groups = std::make_unique<MeshGroups>(MeshLayout(parallel_dims_of(cfg, 8)), 0);
+    b.sg = build_step_graph(cfg, b.groups.get(), StepGraphOptions{.tokenizer_vocab = 258});
+    return b;
+  };
+  Built off = build({"--compile.graph_passes", "none"});
+  Built on = build({});
+  const auto a = collectives(off.sg->graph);
+  const auto b = collectives(on.sg->graph);
+  // One all-reduce per parameter (68 dense + 15 expert: both are replicated over dp_replicate,
+  // one communicator, so a block's dense and expert sums share a bucket) -> embedding + 6 blocks
+  // + the final norm and output = 8.
+  EXPECT_EQ(a.at({C::kAllReduce, G::kDpReplicate}), 83);
+  EXPECT_EQ(b.at({C::kAllReduce, G::kDpReplicate}), 8);
+  int all_reduce_buckets = 0;
+  for (NodeId id : on.sg->graph.schedule()) {
+    const Node& n = on.sg->graph.node(id);
+    if (OpRegistry::instance().op(n.op).collective != C::kAllReduce || n.inputs.size() < 2)
+      continue;
+    ++all_reduce_buckets;
+    EXPECT_EQ(n.phase, NodePhase::kBackward);
+    EXPECT_EQ(n.attrs.group(), G::kDpReplicate);
+    EXPECT_EQ(n.outputs.size(), n.inputs.size());
+  }
+  EXPECT_GE(all_reduce_buckets, 6);
+  // 220 gathers and reduce-scatters (as without the replicas) and the 83 all-reduces.
+  EXPECT_EQ(on.sg->buckets.collectives_before, 220 + 83);
+  EXPECT_EQ(on.sg->buckets.collectives_after, 31 + 8);
+}
+
 TEST(BucketCollectives, ABucketNeverMixesGroupsPhasesOrBlocks) {
   Built on = deepseek_fsdp4_ep2({"--activation_checkpoint.mode", "full"});
   const Graph& g = on.sg->graph;

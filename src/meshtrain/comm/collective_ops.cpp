@@ -89,6 +89,12 @@ std::vector<ValueId> reduce_scatter_bucket(Builder& b, const std::vector<ValueId
               {{"group", int64_t(group)}, {"group_size", int64_t(group_size)}});
 }
 
+std::vector<ValueId> all_reduce_bucket(Builder& b, const std::vector<ValueId>& xs, MeshGroup group,
+                                       ReduceOp op, AllReduceGrad grad) {
+  return b.op("all_reduce", xs,
+              {{"group", int64_t(group)}, {"reduce_op", int64_t(op)}, {"grad", int64_t(grad)}});
+}
+
 namespace {
 TensorMeta scaled_dim0(const TensorMeta& m, int64_t num, int64_t den, const char* op) {
   MT_CHECK_T(ShapeError, m.shape.rank() >= 1, "{} needs rank >= 1, found {}", op, m.shape);
@@ -102,35 +108,47 @@ void register_kernel_all(const std::string& op, KernelFn fn, WorkspaceFn workspa
     OpRegistry::instance().add_kernel(op, d, fn, workspace);
 }
 
-// Each input scaled along dim 0; a bucket's inputs share one dtype (one flat buffer).
-std::vector<TensorMeta> scaled_each(const std::vector<TensorMeta>& in, int64_t num, int64_t den,
-                                    const char* op) {
+// The inputs' metas; a bucket's inputs share one dtype (one flat buffer).
+std::vector<TensorMeta> same_dtype(const std::vector<TensorMeta>& in, const char* op) {
   MT_CHECK_T(ShapeError, !in.empty(), "{} needs at least one input", op);
-  std::vector<TensorMeta> out;
-  for (const TensorMeta& m : in) {
+  for (const TensorMeta& m : in)
     MT_CHECK_T(ValueError, m.dtype == in[0].dtype,
                "{}: a bucket holds one dtype; input 0 is {}, another input is {}", op,
                dtype_name(in[0].dtype), dtype_name(m.dtype));
-    out.push_back(scaled_dim0(m, num, den, op));
-  }
+  return in;
+}
+
+// Each input scaled along dim 0; a bucket's inputs share one dtype (one flat buffer).
+std::vector<TensorMeta> scaled_each(const std::vector<TensorMeta>& in, int64_t num, int64_t den,
+                                    const char* op) {
+  std::vector<TensorMeta> out;
+  for (const TensorMeta& m : same_dtype(in, op)) out.push_back(scaled_dim0(m, num, den, op));
   return out;
 }
 
-// The bucket's gradient: the dual collective over the inputs whose outputs have a gradient.
-std::vector<ValueId> bucket_backward(GradContext& c, bool gather) {
+// A bucket's gradients: `collective` over the outputs' gradients that are present (one node),
+// each result handed back to its input; inputs without an output gradient get none.
+template <typename Collect>
+std::vector<ValueId> over_present_grads(GradContext& c, Collect collective) {
   std::vector<ValueId> present;
   for (ValueId g : c.grad_outputs)
     if (g != kNoValue) present.push_back(g);
   std::vector<ValueId> grads(c.grad_outputs.size(), kNoValue);
   if (present.empty()) return grads;
+  const std::vector<ValueId> done = collective(present);
+  for (size_t i = 0, next = 0; i < grads.size(); ++i)
+    if (c.grad_outputs[i] != kNoValue) grads[i] = done[next++];
+  return grads;
+}
+
+// The bucket's gradient: the dual collective over the inputs whose outputs have a gradient.
+std::vector<ValueId> bucket_backward(GradContext& c, bool gather) {
   const MeshGroup group = c.attrs().group();
   const int k = int(c.attrs().i("group_size"));
-  std::vector<ValueId> dual = gather ? reduce_scatter_bucket(c.b, present, group, k)
-                                     : all_gather_bucket(c.b, present, group, k);
-  size_t next = 0;
-  for (size_t i = 0; i < grads.size(); ++i)
-    if (c.grad_outputs[i] != kNoValue) grads[i] = dual[next++];
-  return grads;
+  return over_present_grads(c, [&](const std::vector<ValueId>& present) {
+    return gather ? reduce_scatter_bucket(c.b, present, group, k)
+                  : all_gather_bucket(c.b, present, group, k);
+  });
 }
 
 // Workspace of a bucket of N > 1 tensors: the flat send buffer and the flat receive buffer
@@ -143,6 +161,22 @@ size_t bucket_workspace(const std::vector<TensorMeta>& in, const std::vector<Ten
   const size_t k = size_t(a.i("group_size"));
   auto round = [](size_t b) { return (b + 255) / 256 * 256; };
   return round(block) + round(block * k);
+}
+
+// An all-reduce's gradient, by the placement it implements (see AllReduceGrad); a bucket's
+// present gradients go through one bucketed all-reduce.
+std::vector<ValueId> all_reduce_backward(GradContext& c) {
+  const auto mode = AllReduceGrad(c.attrs().i("grad"));
+  MT_CHECK(mode != AllReduceGrad::kNone,
+           "all_reduce over {} at '{}' is not differentiable (built with kNone)", c.attrs().group(),
+           c.node.scope);
+  if (mode == AllReduceGrad::kIdentity) return c.grad_outputs;
+  const MeshGroup group = c.attrs().group();
+  return over_present_grads(c, [&](const std::vector<ValueId>& present) {
+    return present.size() == 1
+               ? std::vector<ValueId>{all_reduce(c.b, present[0], group, ReduceOp::kSum, mode)}
+               : all_reduce_bucket(c.b, present, group, ReduceOp::kSum, mode);
+  });
 }
 
 std::vector<size_t> block_bytes_of(const std::vector<Tensor>& shards) {
@@ -174,18 +208,8 @@ MT_REGISTER_OPS {
             .collective = Collective::kReduceScatter});
   r.add_op({.name = "all_reduce",
             .infer = [](const std::vector<TensorMeta>& in,
-                        const Attrs&) { return std::vector<TensorMeta>{in.at(0)}; },
-            .backward =
-                [](GradContext& c) {
-                  auto mode = AllReduceGrad(c.attrs().i("grad"));
-                  MT_CHECK(mode != AllReduceGrad::kNone,
-                           "all_reduce over {} at '{}' is not differentiable (built with kNone)",
-                           c.attrs().group(), c.node.scope);
-                  if (mode == AllReduceGrad::kIdentity) return std::vector<ValueId>{c.grad_out(0)};
-                  return std::vector<ValueId>{all_reduce(c.b, c.grad_out(0), c.attrs().group(),
-                                                         ReduceOp::kSum,
-                                                         AllReduceGrad::kAllReduce)};
-                },
+                        const Attrs&) { return same_dtype(in, "all_reduce"); },
+            .backward = all_reduce_backward,
             .collective = Collective::kAllReduce});
   r.add_op({.name = "replicate_grad",
             .infer = [](const std::vector<TensorMeta>& in,
@@ -242,13 +266,31 @@ MT_REGISTER_OPS {
       [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out, const Attrs& a) {
         return bucket_workspace(in, out, a, false);
       });
-  register_kernel_all("all_reduce", [](KernelContext& c) {
-    Communicator& comm = c.services->comm(c.attrs().group());
-    // Out-of-place in the graph, in place for the communicator: copy first (same stream).
-    Backend& be = c.services->backend();
-    be.copy(c.out[0].raw(), c.in[0].raw(), c.in[0].nbytes(), CopyKind::kDeviceToDevice, *c.stream);
-    comm.all_reduce(c.out[0], ReduceOp(c.attrs().i("reduce_op")), *c.stream);
-  });
+  register_kernel_all(
+      "all_reduce",
+      [](KernelContext& c) {
+        Communicator& comm = c.services->comm(c.attrs().group());
+        Backend& be = c.services->backend();
+        const auto op = ReduceOp(c.attrs().i("reduce_op"));
+        // Out-of-place in the graph, in place for the communicator: copy first (same stream).
+        if (c.in.size() == 1) {
+          be.copy(c.out[0].raw(), c.in[0].raw(), c.in[0].nbytes(), CopyKind::kDeviceToDevice,
+                  *c.stream);
+          comm.all_reduce(c.out[0], op, *c.stream);
+          return;
+        }
+        const BucketLayout l = bucket_layout(block_bytes_of(c.in));
+        Tensor flat = flat_view(c.workspace, 0, l.block_bytes, c.in[0].dtype());
+        pack_rank_blocks(be, *c.stream, c.in, flat.raw(), l, 1);
+        comm.all_reduce(flat, op, *c.stream);
+        unpack_rank_blocks(be, *c.stream, flat.raw(), c.out, l, 1);
+      },
+      [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs&) {
+        if (in.size() < 2) return size_t(0);
+        size_t block = 0;
+        for (const TensorMeta& m : in) block += m.nbytes();
+        return (block + 255) / 256 * 256;
+      });
   register_kernel_all("replicate_grad", [](KernelContext&) {});  // a view in forward
 }
 

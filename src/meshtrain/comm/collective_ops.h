@@ -1,9 +1,10 @@
 // Differentiable collectives as graph ops. Each names the mesh group it runs over; the kernel
 // finds the Communicator through ExecServices, so the same node runs on MPI or NCCL. Autodiff
 // derives the backward from each op's rule: all_gather ↔ reduce_scatter, and all_reduce's
-// backward is chosen by the placement it implements (see AllReduceGrad). all_gather and
-// reduce_scatter also take N tensors (a bucket, made by graph/passes/bucket_collectives): one
-// collective over a flat buffer in the node's workspace, bit for bit the N single ones.
+// backward is chosen by the placement it implements (see AllReduceGrad). all_gather,
+// reduce_scatter and all_reduce also take N tensors (a bucket, made by
+// graph/passes/bucket_collectives): one collective over a flat buffer in the node's workspace, bit
+// for bit the N single ones where the communicator reduces element by element in rank order.
 #pragma once
 
 #include <string>
@@ -56,6 +57,11 @@ enum class AllReduceGrad : uint8_t {
 };
 ValueId all_reduce(Builder& b, ValueId x, MeshGroup group, ReduceOp op = ReduceOp::kSum,
                    AllReduceGrad grad = AllReduceGrad::kNone);
+// Bucketed form (HSDP/DDP replicate gradients, made by the bucketing pass): one node, N inputs of
+// one dtype, one all-reduce over their flat buffer.
+std::vector<ValueId> all_reduce_bucket(Builder& b, const std::vector<ValueId>& xs, MeshGroup group,
+                                       ReduceOp op = ReduceOp::kSum,
+                                       AllReduceGrad grad = AllReduceGrad::kNone);
 // Identity forward, sum over `group` in backward: a parameter replicated across the group whose
 // per-rank gradients must be added (DDP / the replicate dim of HSDP; Megatron's f).
 ValueId replicate_grad(Builder& b, ValueId x, MeshGroup group);

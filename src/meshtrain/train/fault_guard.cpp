@@ -19,7 +19,7 @@ namespace {
 constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR2};
 volatile sig_atomic_t g_stop_signal = 0;
 volatile sig_atomic_t g_signals_seen = 0;
-volatile sig_atomic_t g_stepping = 0;  // set by the first begin_step
+volatile sig_atomic_t g_stepping = 0;        // set by the first begin_step
 char g_first_line[160], g_second_line[160];  // formatted at install: a handler cannot format
 struct sigaction g_previous[3];
 int g_guards = 0;  // live FaultGuards (tests nest trainers): the first installs, the last restores

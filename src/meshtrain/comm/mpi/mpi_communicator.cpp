@@ -1,6 +1,8 @@
-// MPI collectives on host tensors. bf16 reductions are staged: convert to float32 buffers,
-// reduce with MPI's float sum/max/min, convert back, so each element is rounded to bf16 once
-// (a bf16 MPI_Op would round after every pairwise step). Counts beyond MPI's int range throw.
+// MPI collectives on host tensors. Float sums (reduce-scatter, all-reduce) add each element's
+// values in rank order, so a result never depends on the buffer's length (bucketed collectives
+// sum like single ones). bf16 reductions are staged: convert to float32 buffers, reduce, convert
+// back, so each element is rounded to bf16 once (a bf16 MPI_Op would round after every pairwise
+// step). Counts beyond MPI's int range throw.
 #include "meshtrain/comm/mpi/mpi_communicator.h"
 
 #include <algorithm>
@@ -181,15 +183,52 @@ Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduce
   return {};
 }
 
+// Every rank sends block r of its buffer (n elements cut into size_ blocks of m = ceil(n / size_),
+// the last zero-padded) to rank r, adds the blocks it receives in rank order and all-gathers the
+// sums: the bytes of a ring all-reduce, and an element's sum depends only on its values, never on
+// the length of the buffer around it.
+template <typename T>
+void MpiCommunicator::sum_in_rank_order(T* data, int64_t n, MPI_Datatype type) {
+  if (size_ == 1 || n == 0) return;
+  const int64_t m = (n + size_ - 1) / size_;
+  const int count = mpi_count(m * size_, name_, "all_reduce", "padded buffer") / size_;
+  const int64_t words = (m * size_ * int64_t(sizeof(T)) + 3) / 4;
+  T* send = reinterpret_cast<T*>(staging(1, words));
+  T* recv = reinterpret_cast<T*>(staging(2, words));
+  std::copy(data, data + n, send);
+  std::fill(send + n, send + m * size_, T(0));
+  MPI_CHECK(MPI_Alltoall(send, count, type, recv, count, type, comm_));
+  reduce_blocks_in_rank_order(recv, recv, m, size_, ReduceOp::kSum);
+  MPI_CHECK(MPI_Allgather(recv, count, type, send, count, type, comm_));
+  std::copy(send, send + n, data);
+}
+
 Work MpiCommunicator::all_reduce(const Tensor& inout, ReduceOp op, Stream&) {
   CollectiveScope in_flight("all_reduce", name_);  // the watchdog names it if it hangs
   check_comm_tensor(inout, device(), name_, "all_reduce", "inout");
   int n = mpi_count(inout.numel(), name_, "all_reduce", "buffer");
+  // Float sums: not MPI_Allreduce, whose algorithm (and so the order of the additions) Open MPI
+  // picks by message size and rank count: here a bucket of gradients sums like each gradient
+  // alone (see sum_in_rank_order). Max, min and integer sums are exact in any order.
+  const bool float_sum =
+      op == ReduceOp::kSum && (inout.dtype() == DType::kF32 || inout.dtype() == DType::kF64 ||
+                               comm_needs_staging(inout.dtype()));
   if (comm_needs_staging(inout.dtype())) {
     float* a = staging(0, inout.numel());
     bf16_to_f32(static_cast<const BFloat16*>(inout.raw()), a, inout.numel());
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, mpi_op(op), comm_));
+    if (float_sum)
+      sum_in_rank_order(a, inout.numel(), MPI_FLOAT);
+    else
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, mpi_op(op), comm_));
     f32_to_bf16(a, static_cast<BFloat16*>(inout.raw()), inout.numel());
+    return {};
+  }
+  if (float_sum && inout.dtype() == DType::kF32) {
+    sum_in_rank_order(inout.data<float>(), inout.numel(), MPI_FLOAT);
+    return {};
+  }
+  if (float_sum) {
+    sum_in_rank_order(inout.data<double>(), inout.numel(), MPI_DOUBLE);
     return {};
   }
   MPI_CHECK(

@@ -54,6 +54,9 @@ class MpiCommunicator final : public Communicator {
   // Float32 staging views of at least `numel` elements; grows (one allocation) only when a
   // larger reduction than any before arrives.
   float* staging(int slot, int64_t numel);
+  // data[0..n) summed over the ranks element by element in rank order (see all_reduce).
+  template <typename T>
+  void sum_in_rank_order(T* data, int64_t n, MPI_Datatype type);
   void check_alltoall_counts(const std::vector<int64_t>& send_rows,
                              const std::vector<int64_t>& recv_rows);
 
@@ -62,7 +65,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   bool check_counts_ = true;
-  Tensor staging_[2];
+  Tensor staging_[3];
   // Host-side count/displacement arrays for MPI_Alltoallv, reused between calls.
   std::vector<int> a2a_ints_;
   std::vector<int64_t> a2a_peer_counts_;

@@ -68,11 +68,13 @@ class Picker {
     return true;
   }
 
-  // A parameter gather or gradient reduce-scatter (a bucket of them too).
+  // A parameter gather, a gradient reduce-scatter or a backward gradient all-reduce (HSDP's
+  // replicas, DDP, the TP sum of a replicated parameter's gradient); a bucket of them too.
   bool is_parameter_collective(const Node& n) {
     if (n.dead || n.inputs.empty()) return false;
     const Collective c = reg_.op(n.op).collective;
-    bool all = c == Collective::kAllGather || c == Collective::kReduceScatter;
+    bool all = c == Collective::kAllGather || c == Collective::kReduceScatter ||
+               (c == Collective::kAllReduce && n.phase == NodePhase::kBackward);
     for (size_t i = 0; all && i < n.inputs.size(); ++i)
       all = c == Collective::kAllGather ? from_persistent(n.inputs[i]) : into_sinks(n.outputs[i]);
     return all;
@@ -176,12 +178,15 @@ BucketStats bucket_collectives(Graph& graph, const BucketOptions& options) {
     std::string where;
     if (options.mode == BucketMode::kTransformerBlock)
       where = block.empty() ? "root after " + last_block[n.phase] : block;
-    const Key key{int(reg.op(n.op).collective),
-                  int(n.phase),
-                  n.attrs.i("group"),
-                  n.attrs.i("group_size"),
-                  int(graph.value(n.inputs[0]).meta.dtype),
-                  where};
+    // An all-reduce has no group size; its reduce op and gradient rule must match instead.
+    const bool reduce = reg.op(n.op).collective == Collective::kAllReduce;
+    const Key key{
+        int(reg.op(n.op).collective),
+        int(n.phase),
+        n.attrs.i("group"),
+        reduce ? n.attrs.i("reduce_op") * 16 + n.attrs.i("grad") : n.attrs.i("group_size"),
+        int(graph.value(n.inputs[0]).meta.dtype),
+        where};
     auto it = open.find(key);
     const bool full = it != open.end() && options.mode == BucketMode::kSize &&
                       buckets[it->second].bytes >= options.bucket_bytes;
@@ -197,6 +202,7 @@ BucketStats bucket_collectives(Graph& graph, const BucketOptions& options) {
     ++stats.collectives_after;
     if (b.members.size() < 2) continue;
     ++stats.buckets;
+    // Gathers run at their first member; reduce-scatters and all-reduces at their last.
     const bool gather = reg.op(graph.node(b.members[0]).op).collective == Collective::kAllGather;
     const auto consumers = graph.consumers();
     std::map<NodeId, size_t> pos;

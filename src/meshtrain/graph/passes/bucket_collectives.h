@@ -1,5 +1,6 @@
 // Bucketing (SimpleFSDP's bucketing pass, on the step graph): the per-parameter FSDP all-gathers
-// and gradient reduce-scatters are merged into one collective per bucket over a flat buffer. A
+// and gradient reduce-scatters (and the gradient all-reduces of HSDP's replicas, DDP and TP) are
+// merged into one collective per bucket over a flat buffer. A
 // bucket is one transformer block's collectives of one kind, phase, mesh group and dtype (or, by
 // size, consecutive ones up to a byte cap), so expert and dense parameters, which live on other
 // mesh groups, never share one. The bucketed node runs where its first gather (or last
@@ -34,8 +35,10 @@ struct BucketStats {
 // Which collectives are bucketed (by op properties and the graph, never by names): all-gathers
 // whose input is computed from persistent values only (parameter shards, through casts), and
 // reduce-scatters whose output only flows (through casts, views and HSDP's replica all-reduces)
-// into side-effect sinks (the gradient accumulators). Activation collectives (TP, the token
-// exchange) and the all-reduces themselves are left alone (one per tensor).
+// into side-effect sinks (the gradient accumulators), and backward all-reduces whose output
+// does the same (HSDP/DDP replica sums, TP sums of replicated parameters' gradients; bucketed
+// apart from the reduce-scatters that feed them, one bucket per block, group and dtype).
+// Activation collectives (TP, the token exchange) are left alone (one per tensor).
 // Writes the graph's schedule.
 BucketStats bucket_collectives(Graph& graph, const BucketOptions& options);
 
