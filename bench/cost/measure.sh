@@ -3,9 +3,9 @@
 # ranks sharing one GPU (DEVICE=cuda, WRAP=a per-rank launcher such as scripts/share_gpu_rank.sh):
 #  1. fits the cost model's throughput table of the device from a profiled 1-rank run (
 #     OUT/<device>_table.txt);
-#  2. runs FSDP 2 + EP 2 and FSDP 4 + EP 2 with the scheduling passes on and off, profiled, and
-#     prints per layout: collectives per step, the measured step-graph time (trace span, mean over
-#     ranks) and what `meshtrain plan` predicts with the fitted table.
+#  2. runs FSDP 2 + EP 2, FSDP 4 + EP 2 and HSDP 2x2 + EP 2 with the scheduling passes on and off,
+#     profiled, and prints per layout: collectives per step, the measured step-graph time (trace
+#     span, mean over ranks) and what `meshtrain plan` predicts with the fitted table.
 # Usage: [DEVICE=cpu|cuda] [WRAP=cmd] bench/cost/measure.sh BUILD_DIR OUT_DIR
 # (CPU: 1 OpenBLAS thread per rank)
 set -euo pipefail
@@ -53,13 +53,15 @@ python3 "$HERE/trace_stats.py" $(traces val_1rank_b2_s256) | tail -1
 
 P=--parallelism
 for layout in "fsdp2_ep2 2 $P.data_parallel_shard_degree 2 $P.expert_parallel_degree 2" \
-              "fsdp4_ep2 4 $P.data_parallel_shard_degree 4 $P.expert_parallel_degree 2"; do
-  read -r name np a b c d <<< "$layout"
+              "fsdp4_ep2 4 $P.data_parallel_shard_degree 4 $P.expert_parallel_degree 2" \
+              "hsdp2x2_ep2 4 $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 $P.expert_parallel_degree 2"; do
+  read -r name np rest <<< "$layout"
+  read -r -a mesh <<< "$rest"
   for passes in transformer_block_bucketing none; do
-    run "${name}_$passes" "$np" $a $b $c $d --compile.graph_passes "$passes"
+    run "${name}_$passes" "$np" "${mesh[@]}" --compile.graph_passes "$passes"
     echo "== $name, graph_passes $passes ($np ranks)"
     python3 "$HERE/trace_stats.py" $(traces "${name}_$passes") | tail -1
-    "$MT" plan --config "$CFG" --job.device "$DEVICE" $a $b $c $d --compile.graph_passes "$passes" \
+    "$MT" plan --config "$CFG" --job.device "$DEVICE" "${mesh[@]}" --compile.graph_passes "$passes" \
       --cost-table "$TABLE" --dump-graph > "$OUT/${name}_${passes}.plan"
     grep -E "^  step|^  compute|^  communication|scheduling" "$OUT/${name}_${passes}.plan"
     awk '/^summary:/ && !s {print "step graph " $0; s = 1}' "$OUT/${name}_${passes}.plan"

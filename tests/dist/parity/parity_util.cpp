@@ -43,6 +43,16 @@ RunResult run_steps(Trainer& t, int steps) {
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
+namespace {
+// The load balancing's routing counters: token counts per expert, not weights.
+bool is_routing_counter(const std::string& name) {
+  for (const std::string end : {".tokens_per_expert", ".tokens_per_expert_last_step"})
+    if (name.size() >= end.size() && name.compare(name.size() - end.size(), end.size(), end) == 0)
+      return true;
+  return false;
+}
+}  // namespace
+
 ParamDiff compare_params(const Trainer& got, const Trainer* ref, Communicator& comm,
                          Backend& host) {
   ParamDiff out;
@@ -51,6 +61,16 @@ ParamDiff compare_params(const Trainer& got, const Trainer* ref, Communicator& c
     if (comm.rank() == 0) full.copy_from_host(ref->params().master_to_host(p.name));
     comm.broadcast(full, 0, host.stream(0));
     Tensor mine = got.params().master_to_host(p.name);
+    // A routing counter's difference is the share of the layer's routed tokens that went to
+    // another expert: |x - ref| / max(1, Σ ref). In bfloat16 a token whose top-k scores nearly
+    // tie may pick another expert under another layout's reduction order (a few tokens of
+    // thousands); in float32 the counts are equal, so either measure is 0.
+    double scale_of_counts = 0;
+    if (is_routing_counter(p.name)) {
+      for (int64_t i = 0; i < full.numel(); ++i)
+        scale_of_counts += std::abs(full.item_as_double(i));
+      scale_of_counts = std::max(1.0, scale_of_counts);
+    }
     // Walk the local block; each element maps to global index piece.begin + local index.
     const Shape& ls = p.local_shape;
     const int rk = ls.rank();
@@ -65,7 +85,9 @@ ParamDiff compare_params(const Trainer& got, const Trainer* ref, Communicator& c
       const bool pad = p.piece.is_padding(gidx, p.global_shape);
       double x = mine.item_as_double(i);
       double want = pad ? 0.0 : full.item_as_double(flat);
-      double diff = pad ? (x == 0.0 ? 0.0 : 1.0) : std::abs(x - want) / (1.0 + std::abs(want));
+      double diff = pad                   ? (x == 0.0 ? 0.0 : 1.0)
+                    : scale_of_counts > 0 ? std::abs(x - want) / scale_of_counts
+                                          : std::abs(x - want) / (1.0 + std::abs(want));
       if (diff > out.worst) {
         out.worst = diff;
         out.where = fmt::format("{}[flat {}]", p.name, pad ? -1 : flat);

@@ -24,7 +24,9 @@ RunResult run_steps(Trainer& t, int steps);
 double rel(double a, double b);  // |a - b| / |b|
 
 struct ParamDiff {
-  double worst = 0;   // max |x - ref| / (1 + |ref|) over this rank's elements (1 for bad padding)
+  // max |x - ref| / (1 + |ref|) over this rank's elements (1 for bad padding; routing counters:
+  // |x - ref| / the counter's total, the share of routed tokens that moved)
+  double worst = 0;
   std::string where;  // "name[flat index]" of the worst element (flat -1: padding)
 };
 
