@@ -46,8 +46,9 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm native() const { return comm_; }
   void set_check_counts(bool on) { check_counts_ = on; }
-  // Bytes held by the staging buffers of bf16 reductions and reduce_scatter receives (grown at
-  // most to the largest request, then reused: steps after the first allocate nothing).
+  // Bytes held by the staging buffers of bf16 reductions, float all-reduce sums and
+  // reduce_scatter receives (grown at most to the largest request, then reused: steps after the
+  // first allocate nothing).
   size_t staging_bytes() const;
 
  private:
