@@ -151,16 +151,22 @@ std::vector<ValueId> bucket_backward(GradContext& c, bool gather) {
   });
 }
 
+size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// One rank block of a bucket: the tensors' bytes back to back.
+size_t flat_block_bytes(const std::vector<TensorMeta>& metas) {
+  size_t block = 0;
+  for (const TensorMeta& m : metas) block += m.nbytes();
+  return block;
+}
+
 // Workspace of a bucket of N > 1 tensors: the flat send buffer and the flat receive buffer
 // (one rank block on one side, `group_size` on the other), each rounded up to 256 bytes.
 size_t bucket_workspace(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
                         const Attrs& a, bool gather) {
   if (in.size() < 2) return 0;
-  size_t block = 0;
-  for (const TensorMeta& m : gather ? in : out) block += m.nbytes();
-  const size_t k = size_t(a.i("group_size"));
-  auto round = [](size_t b) { return (b + 255) / 256 * 256; };
-  return round(block) + round(block * k);
+  const size_t block = flat_block_bytes(gather ? in : out);
+  return round_up_256(block) + round_up_256(block * size_t(a.i("group_size")));
 }
 
 // An all-reduce's gradient, by the placement it implements (see AllReduceGrad); a bucket's
@@ -173,9 +179,8 @@ std::vector<ValueId> all_reduce_backward(GradContext& c) {
   if (mode == AllReduceGrad::kIdentity) return c.grad_outputs;
   const MeshGroup group = c.attrs().group();
   return over_present_grads(c, [&](const std::vector<ValueId>& present) {
-    return present.size() == 1
-               ? std::vector<ValueId>{all_reduce(c.b, present[0], group, ReduceOp::kSum, mode)}
-               : all_reduce_bucket(c.b, present, group, ReduceOp::kSum, mode);
+    return all_reduce_bucket(c.b, present, group, ReduceOp::kSum,
+                             mode);  // N = 1: all_reduce's node
   });
 }
 
@@ -233,7 +238,7 @@ MT_REGISTER_OPS {
         }
         Backend& be = c.services->backend();
         const BucketLayout l = bucket_layout(block_bytes_of(c.in));
-        const size_t send_bytes = (l.block_bytes + 255) / 256 * 256;
+        const size_t send_bytes = round_up_256(l.block_bytes);
         const int k = comm.size();
         Tensor send = flat_view(c.workspace, 0, l.block_bytes, c.in[0].dtype());
         Tensor recv =
@@ -256,7 +261,7 @@ MT_REGISTER_OPS {
         Backend& be = c.services->backend();
         const BucketLayout l = bucket_layout(block_bytes_of(c.out));
         const int k = comm.size();
-        const size_t send_bytes = (l.block_bytes * size_t(k) + 255) / 256 * 256;
+        const size_t send_bytes = round_up_256(l.block_bytes * size_t(k));
         Tensor send = flat_view(c.workspace, 0, l.block_bytes * size_t(k), c.in[0].dtype());
         Tensor recv = flat_view(c.workspace, send_bytes, l.block_bytes, c.in[0].dtype());
         pack_rank_blocks(be, *c.stream, c.in, send.raw(), l, k);
@@ -286,10 +291,8 @@ MT_REGISTER_OPS {
         unpack_rank_blocks(be, *c.stream, flat.raw(), c.out, l, 1);
       },
       [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const Attrs&) {
-        if (in.size() < 2) return size_t(0);
-        size_t block = 0;
-        for (const TensorMeta& m : in) block += m.nbytes();
-        return (block + 255) / 256 * 256;
+        // A bucket of N > 1 tensors: one flat buffer, reduced in place.
+        return in.size() < 2 ? size_t(0) : round_up_256(flat_block_bytes(in));
       });
   register_kernel_all("replicate_grad", [](KernelContext&) {});  // a view in forward
 }

@@ -187,20 +187,26 @@ Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduce
 // the last zero-padded) to rank r, adds the blocks it receives in rank order and all-gathers the
 // sums: the bytes of a ring all-reduce, and an element's sum depends only on its values, never on
 // the length of the buffer around it.
+// When n divides by size_ the buffer itself is sent and gathered into (no copies); otherwise
+// a zero-padded staging copy is.
 template <typename T>
 void MpiCommunicator::sum_in_rank_order(T* data, int64_t n, MPI_Datatype type) {
   if (size_ == 1 || n == 0) return;
   const int64_t m = (n + size_ - 1) / size_;
   const int count = mpi_count(m * size_, name_, "all_reduce", "padded buffer") / size_;
-  const int64_t words = (m * size_ * int64_t(sizeof(T)) + 3) / 4;
-  T* send = reinterpret_cast<T*>(staging(1, words));
+  const int64_t words = (m * int64_t(sizeof(T)) * size_ + 3) / 4;
+  const bool padded = m * size_ != n;
+  T* send = data;
+  if (padded) {
+    send = reinterpret_cast<T*>(staging(1, words));
+    std::copy(data, data + n, send);
+    std::fill(send + n, send + m * size_, T(0));
+  }
   T* recv = reinterpret_cast<T*>(staging(2, words));
-  std::copy(data, data + n, send);
-  std::fill(send + n, send + m * size_, T(0));
   MPI_CHECK(MPI_Alltoall(send, count, type, recv, count, type, comm_));
   reduce_blocks_in_rank_order(recv, recv, m, size_, ReduceOp::kSum);
   MPI_CHECK(MPI_Allgather(recv, count, type, send, count, type, comm_));
-  std::copy(send, send + n, data);
+  if (padded) std::copy(send, send + n, data);
 }
 
 Work MpiCommunicator::all_reduce(const Tensor& inout, ReduceOp op, Stream&) {
@@ -210,9 +216,7 @@ Work MpiCommunicator::all_reduce(const Tensor& inout, ReduceOp op, Stream&) {
   // Float sums: not MPI_Allreduce, whose algorithm (and so the order of the additions) Open MPI
   // picks by message size and rank count: here a bucket of gradients sums like each gradient
   // alone (see sum_in_rank_order). Max, min and integer sums are exact in any order.
-  const bool float_sum =
-      op == ReduceOp::kSum && (inout.dtype() == DType::kF32 || inout.dtype() == DType::kF64 ||
-                               comm_needs_staging(inout.dtype()));
+  const bool float_sum = op == ReduceOp::kSum && is_floating(inout.dtype());
   if (comm_needs_staging(inout.dtype())) {
     float* a = staging(0, inout.numel());
     bf16_to_f32(static_cast<const BFloat16*>(inout.raw()), a, inout.numel());

@@ -161,9 +161,10 @@ BucketStats bucket_collectives(Graph& graph, const BucketOptions& options) {
   std::vector<NodeId> order = graph.schedule();
   Picker pick(graph);
 
-  // Buckets, in schedule order of their first member. Key: kind, phase, group, size, dtype and
-  // (block mode) the block, or the last block seen before a root collective.
-  using Key = std::tuple<int, int, int64_t, int64_t, int, std::string>;
+  // Buckets, in schedule order of their first member. Key: kind, phase, group, group size
+  // (gathers, reduce-scatters), reduce op and gradient rule (all-reduces), dtype and (block
+  // mode) the block, or the last block seen before a root collective.
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int, std::string>;
   std::map<Key, size_t> open;
   std::vector<Bucket> buckets;
   std::map<NodePhase, std::string> last_block;
@@ -178,15 +179,14 @@ BucketStats bucket_collectives(Graph& graph, const BucketOptions& options) {
     std::string where;
     if (options.mode == BucketMode::kTransformerBlock)
       where = block.empty() ? "root after " + last_block[n.phase] : block;
-    // An all-reduce has no group size; its reduce op and gradient rule must match instead.
-    const bool reduce = reg.op(n.op).collective == Collective::kAllReduce;
-    const Key key{
-        int(reg.op(n.op).collective),
-        int(n.phase),
-        n.attrs.i("group"),
-        reduce ? n.attrs.i("reduce_op") * 16 + n.attrs.i("grad") : n.attrs.i("group_size"),
-        int(graph.value(n.inputs[0]).meta.dtype),
-        where};
+    const Key key{int(reg.op(n.op).collective),
+                  int(n.phase),
+                  n.attrs.i("group"),
+                  n.attrs.i("group_size", 0),
+                  n.attrs.i("reduce_op", -1),
+                  n.attrs.i("grad", -1),
+                  int(graph.value(n.inputs[0]).meta.dtype),
+                  where};
     auto it = open.find(key);
     const bool full = it != open.end() && options.mode == BucketMode::kSize &&
                       buckets[it->second].bytes >= options.bucket_bytes;
