@@ -25,7 +25,10 @@ exec "$@"
 WRAP
 chmod +x "$wrapper"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=2
+# Random tokens (as bench/e2e): no text corpus needed on the GPU machine, and routing near balance.
+python3 bench/random_tokens.py "$out/random_tokens.bin" $((4 * 4097 * 64))
 common=(--config configs/bench_deepseek_v3_16b_4l.toml --job.device cuda
+        --training.dataset tokens --training.dataset_path "$out/random_tokens.bin"
         --training.local_batch_size 2 --training.seq_len 4096 --training.steps 6
         --metrics.log_freq 1 --parallelism.data_parallel_shard_degree 4)
 printf "%-26s %-22s %-18s %s\n" layout "planned activations" "measured peak" "overflows"

@@ -60,12 +60,13 @@ run_layouts() {
     # shellcheck disable=SC2086  # the table's arguments are words
     (
       export MESHTRAIN_SHARE_GPU=$share
-      start=$(date +%s)
+      start=$(date +%s) rc=0
+      # `|| rc=$?`: under the caller's errexit a failing job would end this subshell unrecorded.
       timeout -k 10 "$limit" "${MPIRUN[@]}" "$parity" --name "$name" \
         --precisions "$precisions" $common $rest --training.dataset text \
         --training.dataset_path "$ROOT/ARCHITECTURE.md" --job.dump_folder "$dir/$name" \
-        > "$dir/$name.log" 2>&1
-      echo "$? $(( $(date +%s) - start )) $share" > "$dir/$name.rc"
+        < /dev/null > "$dir/$name.log" 2>&1 || rc=$?  # mpirun forwards stdin: not the table
+      echo "$rc $(( $(date +%s) - start )) $share" > "$dir/$name.rc"
     ) &
     names+=("$name"); pids+=($!); nps+=("$np"); running=$((running + np))
     echo "started $name ($np ranks, $([ "$share" = 1 ] && echo "sharing $ngpu GPU(s)" || echo "one GPU per rank"))"
@@ -73,7 +74,7 @@ run_layouts() {
   while [ "$running" -gt 0 ]; do reap; sleep 1; done
 
   local tsv=$OUT/layouts.tsv fails=0 rc secs share line
-  printf 'layout\tranks\tmode\tprecision\tstatus\tloss\tgrad_norm\tmean_loss\tparam\ttol\tseconds\n' > "$tsv"
+  printf 'layout\tranks\tmode\tprecision\tstatus\tloss\tgrad_norm\tmean_loss\tparam\ttol\trouting\tseconds\n' > "$tsv"
   echo
   echo "== layouts vs the 1-rank CUDA run: worst relative loss / grad norm per step, final params =="
   for name in "${names[@]}"; do
@@ -82,11 +83,12 @@ run_layouts() {
     local got=0
     while read -r line; do
       # LAYOUT name precision status ranks N steps S loss X grad_norm Y mean_loss M param P tol T
+      # routing R (the share of a layer's routed tokens that moved; judged in float32 only)
       set -- $line
-      printf '%-30s %-8s %s  loss %s  grad_norm %s  param %s  (%s ranks, %s, %ss)\n' \
-        "$2" "$3" "$4" "${10}" "${12}" "${16}" "$6" "$mode" "$secs"
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$2" "$6" "$mode" "$3" "$4" "${10}" \
-        "${12}" "${14}" "${16}" "${18}" "$secs" >> "$tsv"
+      printf '%-30s %-8s %s  loss %s  grad_norm %s  param %s  routing %s  (%s ranks, %s, %ss)\n' \
+        "$2" "$3" "$4" "${10}" "${12}" "${16}" "${20}" "$6" "$mode" "$secs"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$2" "$6" "$mode" "$3" "$4" \
+        "${10}" "${12}" "${14}" "${16}" "${18}" "${20}" "$secs" >> "$tsv"
       [ "$4" = PASS ] || fails=$((fails + 1))
       got=$((got + 1))
     done < <(grep '^LAYOUT ' "$dir/$name.log" || true)
@@ -102,7 +104,7 @@ run_layouts() {
 import csv, json, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 for r in rows:
-    for k in ("loss", "grad_norm", "mean_loss", "param", "tol"):
+    for k in ("loss", "grad_norm", "mean_loss", "param", "tol", "routing"):
         r[k] = float(r[k])
     r["ranks"] = int(r["ranks"])
 json.dump({"layouts": rows}, open(sys.argv[2], "w"), indent=1)
