@@ -171,6 +171,12 @@ int reshard(const Options& o, Communicator& world, const LaunchInfo& launch,
       ++failures;
       std::printf("rank %d: parameter %s differs by %.3e (tolerance %.1e)\n", rank,
                   pd.where.c_str(), pd.worst, o.tol);
+    } else if (!(pd.routing <= o.tol)) {  // the resumed run must route as the uninterrupted one
+      ++failures;
+      std::printf(
+          "rank %d: routing counter %s: %.3e of the layer's routed tokens moved "
+          "(tolerance %.1e)\n",
+          rank, pd.routing_where.c_str(), pd.routing, o.tol);
     } else if (rank == 0) {
       std::printf("final parameters: max relative difference %.3e on rank 0\n", pd.worst);
     }

@@ -62,11 +62,11 @@ ParamDiff compare_params(const Trainer& got, const Trainer* ref, Communicator& c
     comm.broadcast(full, 0, host.stream(0));
     Tensor mine = got.params().master_to_host(p.name);
     // A routing counter's difference is the share of the layer's routed tokens that went to
-    // another expert: |x - ref| / max(1, Σ ref). In bfloat16 a token whose top-k scores nearly
-    // tie may pick another expert under another layout's reduction order (a few tokens of
-    // thousands); in float32 the counts are equal, so either measure is 0.
+    // another expert: |x - ref| / max(1, Σ ref), kept apart from the weights' figure (the
+    // caller decides how to judge it; see check_layout).
+    const bool counter = is_routing_counter(p.name);
     double scale_of_counts = 0;
-    if (is_routing_counter(p.name)) {
+    if (counter) {
       for (int64_t i = 0; i < full.numel(); ++i)
         scale_of_counts += std::abs(full.item_as_double(i));
       scale_of_counts = std::max(1.0, scale_of_counts);
@@ -88,9 +88,11 @@ ParamDiff compare_params(const Trainer& got, const Trainer* ref, Communicator& c
       double diff = pad                   ? (x == 0.0 ? 0.0 : 1.0)
                     : scale_of_counts > 0 ? std::abs(x - want) / scale_of_counts
                                           : std::abs(x - want) / (1.0 + std::abs(want));
-      if (diff > out.worst) {
-        out.worst = diff;
-        out.where = fmt::format("{}[flat {}]", p.name, pad ? -1 : flat);
+      double& worst = counter ? out.routing : out.worst;
+      if (diff > worst) {
+        worst = diff;
+        (counter ? out.routing_where : out.where) =
+            fmt::format("{}[flat {}]", p.name, pad ? -1 : flat);
       }
       for (int d = rk - 1; d >= 0; --d) {
         if (++idx[size_t(d)] < ls[d]) break;

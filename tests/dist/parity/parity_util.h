@@ -24,10 +24,14 @@ RunResult run_steps(Trainer& t, int steps);
 double rel(double a, double b);  // |a - b| / |b|
 
 struct ParamDiff {
-  // max |x - ref| / (1 + |ref|) over this rank's elements (1 for bad padding; routing counters:
-  // |x - ref| / the counter's total, the share of routed tokens that moved)
+  // Weights and other state: max |x - ref| / (1 + |ref|) over this rank's elements (1 for bad
+  // padding).
   double worst = 0;
   std::string where;  // "name[flat index]" of the worst element (flat -1: padding)
+  // The load balancing's routing counters (token counts per expert): max |x - ref| / the
+  // counter's total, the share of the layer's routed tokens that went to another expert.
+  double routing = 0;
+  std::string routing_where;
 };
 
 // `ref` is read on rank 0 of comm only (may be null elsewhere); its masters must be whole.
