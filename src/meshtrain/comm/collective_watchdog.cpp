@@ -94,6 +94,23 @@ class Watchdog {
     if (!opts_.status_dir.empty()) ::unlink(status_path(opts_.status_dir, opts_.rank).c_str());
   }
 
+  std::string lost_peers(double wait_s) {
+    WatchdogOptions o;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      o = opts_;
+    }
+    const auto until = Clock::now() + std::chrono::duration<double>(wait_s);
+    for (;;) {
+      bool lost = false;
+      const std::string peers = describe_peers(o.status_dir, o.rank, o.world_size, "-", "-", &lost);
+      if (lost) return peers;
+      if (o.status_dir.empty() || Clock::now() >= until) return "";
+      // An error path, not a step: wait for the launcher to reap a killed peer.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
  private:
   void loop() {
     auto last_write = Clock::time_point{}, last_peer_check = Clock::now();
@@ -190,6 +207,7 @@ void start_collective_watchdog(const WatchdogOptions& o) { watchdog().start(o); 
 void stop_collective_watchdog() { watchdog().stop(); }
 void watchdog_set_step(int64_t step) { g_step.store(step); }
 void watchdog_note_signal(int sig) { g_signal.store(sig); }
+std::string describe_lost_peers(double wait_s) { return watchdog().lost_peers(wait_s); }
 
 CollectiveScope::CollectiveScope(const char* op, const std::string& group) {
   InFlight& f = in_flight();

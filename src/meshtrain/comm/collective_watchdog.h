@@ -47,6 +47,12 @@ class CollectiveScope {
 // "all_reduce on 'fsdp' at step 12 (waiting 3.2 s)", or "" when no collective is in flight.
 std::string collective_in_flight();
 
+// For errors raised outside the watchdog (NCCL's asynchronous errors): "rank 1 (pid 123 on host
+// h) is gone: killed or crashed" when a peer's status file names a process of this host that has
+// ended, looked for during up to `wait_s` seconds (the launcher may not have reaped it yet); ""
+// when no peer is known to be gone or the watchdog has no status files.
+std::string describe_lost_peers(double wait_s);
+
 // What the peers' status files say, for the report (exposed for tests): "rank 2 (pid 123 on
 // host h) is gone", "rank 1 is not in a collective (at step 4)", or "" when nothing is known.
 std::string describe_peers(const std::string& status_dir, int rank, int world_size,

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "meshtrain/comm/collective_watchdog.h"
 #include "meshtrain/comm/comm_dtype.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
@@ -108,10 +109,16 @@ class Watchdog final : public SyncWatcher {
       if (c->aborted()) continue;
       ncclResult_t st = c->async_state();
       if (st == ncclSuccess || st == ncclInProgress) continue;
+      // Name the collective it was in and, when a peer process ended (status files of the
+      // collective watchdog), that rank: the lost-rank case of README "Faults".
+      NcclCommunicator::PendingOp p;
+      const std::string in =
+          c->oldest_pending(p) ? fmt::format(" in collective {} #{}", p.op, p.call) : "";
+      const std::string lost = describe_lost_peers(2.0);
       std::string msg = fmt::format(
-          "{}: NCCL reported an asynchronous error: {}. Every NCCL communicator of this process "
-          "was aborted",
-          c->who(), nccl_text(c->native(), st));
+          "{}: NCCL reported an asynchronous error{}: {}{}. Every NCCL communicator of this "
+          "process was aborted",
+          c->who(), in, nccl_text(c->native(), st), lost.empty() ? "" : "; " + lost);
       abort_all();
       throw CommError(msg, __FILE__, __LINE__);
     }
