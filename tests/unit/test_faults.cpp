@@ -119,5 +119,22 @@ TEST_F(Faults, WatchdogNamesLostStalledAndGivenUpPeers) {
   EXPECT_CONTAINS(d, "rank 1 (pid");
 }
 
+// What NCCL's asynchronous-error path reports: the peers known gone, from the running watchdog's
+// status files; nothing (after the bounded wait) while every peer is alive or unknown.
+TEST_F(Faults, LostPeersAreNamedFromTheWatchdogStatusFiles) {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  start_collective_watchdog({.rank = 0, .world_size = 3, .status_dir = dir_.string()});
+  EXPECT_EQ(describe_lost_peers(0.2), "");
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);
+  std::ofstream(dir_ / "rank-1") << host << " " << getpid() << " 5 - - 10 3\n";  // alive
+  std::ofstream(dir_ / "rank-2") << host << " " << child << " 5 - - 10 3\n";     // gone
+  EXPECT_EQ(describe_lost_peers(0.2),
+            fmt::format("rank 2 (pid {} on {}) is gone: killed or crashed", child, host));
+  stop_collective_watchdog();
+}
+
 }  // namespace
 }  // namespace meshtrain
