@@ -2,12 +2,14 @@
 // error reporting here, the work in train/. Every failure is one clear line and a non-zero exit; in
 // a multi-rank run the failing rank aborts the job so no rank hangs.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshtrain/checkpoint/hf_config.h"
@@ -292,11 +294,16 @@ int main(int argc, char** argv) {
              command);
   } catch (const meshtrain::Error& e) {
     // A config error is the same on every rank: rank 0 alone reports it, every rank exits non-zero.
-    if (e.kind() != meshtrain::ErrorKind::kConfig || meshtrain::detect_launch().rank == 0)
-      std::fprintf(stderr, "meshtrain: %s\n", e.what());
+    const bool same_on_every_rank = e.kind() == meshtrain::ErrorKind::kConfig;
+    const meshtrain::LaunchInfo launch = meshtrain::detect_launch();
+    if (!same_on_every_rank || launch.rank == 0) std::fprintf(stderr, "meshtrain: %s\n", e.what());
     std::fflush(stderr);
-    if (meshtrain::detect_launch().world_size > 1) meshtrain::abort_all(1);
-    return 1;
+    if (launch.world_size <= 1) return 1;
+    // The other ranks let rank 0 print its line and end the job: an abort from them first would
+    // kill rank 0 before it wrote (seen under mpirun). They end it themselves after a grace period.
+    if (same_on_every_rank && launch.rank != 0)
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+    meshtrain::abort_all(1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
     std::fflush(stderr);
