@@ -1,5 +1,6 @@
 // slice, concat, expand, sum_dim: forward against naive index arithmetic (negative dims too, and
-// an int32 concat since the copies are dtype-agnostic), float64 gradchecks, and range errors.
+// an int32 concat since the copies are dtype-agnostic), float64 gradchecks, and range errors;
+// Tensor::reseat_rows, the in-place re-view of a moving workspace.
 #include <gtest/gtest.h>
 
 #include "gradcheck.h"
@@ -192,6 +193,18 @@ MT_GRADCHECK_TEST(ShapeOps, Transpose01SwapsTheLeadingDimsAndIsItsOwnBackward, "
       testing::gradcheck({{Shape{3, 4, 5}}}, [](Builder& b, const std::vector<ValueId>& x) {
         return std::vector<ValueId>{ops::transpose01(b, x[0])};
       }));
+}
+
+// The expert exchange re-views its workspace as [n, D] rows whenever the row-capacity pool moves
+// it: the view follows the new memory, keeps D and the dtype, and refuses rows past the storage.
+TEST(Tensor, ReseatRowsFollowsNewMemoryAndKeepsTrailingExtents) {
+  Tensor a = Tensor::empty(Shape{64}, DType::kF32), b = Tensor::empty(Shape{32}, DType::kF32);
+  Tensor rows(a.storage(), 0, Shape{16, 4}, DType::kF32);
+  rows.reseat_rows(b.storage(), 16, 4);  // b from its 5th float on, as 4 rows of 4
+  EXPECT_EQ(rows.shape(), (Shape{4, 4}));
+  EXPECT_EQ(rows.raw(), static_cast<char*>(b.raw()) + 16);
+  EXPECT_EQ(rows.dtype(), DType::kF32);
+  EXPECT_THROW(rows.reseat_rows(b.storage(), 16, 8), Error);  // 8 × 16 bytes from 16 > 128
 }
 }  // namespace
 }  // namespace meshtrain

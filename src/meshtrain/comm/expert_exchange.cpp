@@ -104,18 +104,22 @@ size_t exchange_bytes(const std::vector<TensorMeta>& in, const std::vector<Tenso
   return local.nbytes();  // the peer-major buffer never holds more rows than the local one
 }
 
-// The workspace as rows [n, D], made again only when the workspace moves (the row-capacity pool
-// rebinds it): making a Tensor allocates its Shape, which a step must not do.
+// The workspace as rows [n, D]. Made on the first run; when the workspace moves (the
+// row-capacity pool rebinds it to the pool or back to the arena) the view is reseated in place,
+// since making a Tensor allocates its Shape, which a step must not do.
 struct RowsView {
   const void* at = nullptr;
   size_t bytes = 0;
   Tensor rows;
   const Tensor& of(const Tensor& ws, int64_t D, DType dt, size_t row_bytes) {
-    if (at != ws.raw() || bytes != ws.nbytes() || rows.dtype() != dt) {
-      rows = Tensor(ws.storage(), ws.byte_offset(), Shape{ws.nbytes() / int64_t(row_bytes), D}, dt);
-      at = ws.raw();
-      bytes = ws.nbytes();
-    }
+    if (at == ws.raw() && bytes == ws.nbytes() && rows.dtype() == dt) return rows;
+    const int64_t n = int64_t(ws.nbytes() / row_bytes);
+    if (rows.defined() && rows.dtype() == dt && rows.shape().rank() == 2 && rows.shape()[1] == D)
+      rows.reseat_rows(ws.storage(), ws.byte_offset(), n);
+    else
+      rows = Tensor(ws.storage(), ws.byte_offset(), Shape{n, D}, dt);
+    at = ws.raw();
+    bytes = ws.nbytes();
     return rows;
   }
 };

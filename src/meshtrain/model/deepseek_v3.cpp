@@ -243,7 +243,13 @@ ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_s
                       .last_load = scope + ".tokens_per_expert_last_step",
                       .num_experts = E,
                       .coeff = m.load_balance_coeff};
-  w.expert_bias = plan.buffer(b, lb.expert_bias, {E}, rdt, InitSpec::zeros());
+  // With a zero gate every score ties, so the bias alone picks the one expert all tokens go to and
+  // orders the rest. A zero bias would leave the order to the experts' index, and then to the
+  // last bits of the gate rows (the softmax gives every unchosen row the same gradient, which an
+  // NCCL reduce-scatter sums in a different order on each shard): routing would depend on the
+  // reduction order. Gaps of ~1e-3 between the biases make it depend on the model only.
+  w.expert_bias = plan.buffer(b, lb.expert_bias, {E}, rdt,
+                              m.router_zero_init ? InitSpec::normal(1e-2) : InitSpec::zeros());
   ValueId counter = plan.buffer(b, lb.tokens_per_expert, {E}, rdt, InitSpec::zeros());
   plan.buffer(b, lb.last_load, {E}, rdt, InitSpec::zeros());
   plan.add_load_balance_layer(lb);

@@ -25,7 +25,7 @@ struct DeepSeekV3MoEArgs {  // torchtitan's MoEArgs
   int64_t num_expert_groups = 0;  // 0 = None (no group-limited routing)
   int64_t num_limited_groups = 0;
   double load_balance_coeff = 1e-3;  // 0 = the expert bias never moves
-  bool router_zero_init = false;     // all-zero initial gate (tests: every token ties)
+  bool router_zero_init = false;     // zero gate, random bias (tests: every token ties)
   // Rows of each expert's group are padded to a multiple of this (torchtitan's
   // TOKEN_GROUP_ALIGN_SIZE_M, what bf16 grouped GEMMs need), on every backend alike.
   int64_t token_group_alignment = 8;

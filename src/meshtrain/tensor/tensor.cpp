@@ -42,6 +42,17 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
                 shape_.with(0, end - begin), dtype_);
 }
 
+void Tensor::reseat_rows(std::shared_ptr<Storage> storage, size_t byte_offset, int64_t rows) {
+  MT_CHECK_T(ShapeError, shape_.rank() >= 1 && rows >= 0,
+             "reseat_rows: {} rows for a tensor of shape {} (rank >= 1 needed)", rows, shape_);
+  shape_[0] = rows;
+  storage_ = std::move(storage);
+  offset_ = byte_offset;
+  MT_CHECK(storage_ == nullptr || offset_ + nbytes() <= storage_->bytes(),
+           "reseat_rows: {} bytes at offset {} exceed storage of {} bytes", nbytes(), offset_,
+           storage_->bytes());
+}
+
 void Tensor::check_host_typed(DType want) const {
   MT_CHECK(defined(), "undefined tensor");
   MT_CHECK(device().is_cpu(), "host access to a {} tensor", device().to_string());

@@ -57,6 +57,10 @@ class Tensor {
   Tensor view_as(DType dtype, const Shape& shape) const;
   // Contiguous slice of rows [begin, end) along dim 0.
   Tensor slice_rows(int64_t begin, int64_t end) const;
+  // Points this tensor at `rows` leading rows of other memory, keeping its rank, trailing extents
+  // and dtype. Allocates nothing (the shape is edited in place): for a kernel that re-views a
+  // workspace which moves between steps, where making a Tensor would allocate its Shape.
+  void reseat_rows(std::shared_ptr<Storage> storage, size_t byte_offset, int64_t rows);
   // Host tensors only: byte copy from another tensor of the same dtype and numel.
   void copy_from_host(const Tensor& src) const;
   // Host tensors only: read element i as double (any dtype).

@@ -104,9 +104,11 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("model", "moe_top_k", &J::model, &ModelSection::moe_top_k,
                     "MoE models: experts each token is routed to; 0 = the flavor's")
                   .at_least(0));
-  t.push_back(field("model", "router_zero_init", &J::model, &ModelSection::router_zero_init,
-                    "MoE models: all-zero initial router gate (every token ties and goes to the "
-                    "lowest experts; for testing experts and ranks that receive nothing)"));
+  t.push_back(
+      field("model", "router_zero_init", &J::model, &ModelSection::router_zero_init,
+            "MoE models: all-zero initial router gate (every score ties, and a small random "
+            "expert bias picks the experts every token goes to; for testing experts and "
+            "ranks that receive nothing)"));
   t.push_back(field("model", "hf_config", &J::model, &ModelSection::hf_config,
                     "HF config.json (or a folder holding one) giving the model's dims instead of "
                     "the flavor; \"\" = the flavor's"));
