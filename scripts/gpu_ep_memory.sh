@@ -12,6 +12,16 @@ build="${1:-build-cuda}"
 bin="$build/meshtrain"
 [ -x "$bin" ] || { echo "gpu_ep_memory: $bin not found (build the CUDA tree first)" >&2; exit 2; }
 out="${OUT:-/tmp}/gpu_ep_memory"
+# Four ranks of up to ~23 GiB each share the GPU; beside other GPU work they ran out of memory
+# (seen next to the layout jobs), so refuse to start then (MESHTRAIN_EP_MEMORY_FORCE=1 overrides).
+if command -v nvidia-smi > /dev/null && [ "${MESHTRAIN_EP_MEMORY_FORCE:-0}" != 1 ]; then
+  used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | tr -d ' ')
+  if [ "${used:-0}" -gt 4096 ]; then
+    echo "gpu_ep_memory: GPU 0 already has ${used} MiB in use by other processes; the four ranks" \
+         "need about 95 GiB of it. Run this alone (or set MESHTRAIN_EP_MEMORY_FORCE=1)." >&2
+    exit 2
+  fi
+fi
 mkdir -p "$out"
 wrapper="$out/share_gpu.sh"
 cat > "$wrapper" <<'WRAP'

@@ -133,8 +133,9 @@ TEST(BucketCollectives, ABucketNeverMixesGroupsPhasesOrBlocks) {
     ++buckets;
     // One group and phase by construction (one node); one block: the bucket's scope is the
     // common prefix of its members', so a block bucket is scoped "layers.N" or deeper.
-    if (n.scope.rfind("layers.", 0) == 0)
+    if (n.scope.rfind("layers.", 0) == 0) {
       EXPECT_NE(n.scope.find_first_of("0123456789"), std::string::npos);
+    }
     std::set<DType> dtypes;
     for (ValueId v : n.inputs) dtypes.insert(g.value(v).meta.dtype);
     EXPECT_EQ(dtypes.size(), 1u);
@@ -205,8 +206,9 @@ TEST(Prefetch, GathersRunOneBlockAheadAndCostMemory) {
   for (int i = 0; i + 1 < 6; ++i) {
     const std::string cur = fmt::format("layers.{}", i), nxt = fmt::format("layers.{}", i + 1);
     EXPECT_LT(gather_at.at(nxt), compute_at.at(cur)) << nxt;
-    if (i + 2 < 6)  // the bound: two blocks gathered at once, not three
+    if (i + 2 < 6) {  // the bound: two blocks gathered at once, not three
       EXPECT_GT(gather_at.at(fmt::format("layers.{}", i + 2)), compute_at.at(cur)) << cur;
+    }
   }
   const int64_t a = plan_memory(one.sg->graph, DeviceType::kCPU).live_peak_bytes;
   const int64_t b = plan_memory(g, DeviceType::kCPU).live_peak_bytes;

@@ -85,8 +85,9 @@ TEST(Fsdp, DefaultPolicyKeepsTheLastBlockAndRootParametersGathered) {
   auto sg = graph_for(2, {"--parallelism.fsdp_reshard_after_forward", "default"});
   for (NodeId id : sg->graph.schedule()) {
     const Node& n = sg->graph.node(id);
-    if (n.phase == NodePhase::kRecompute && n.op == "all_gather")
+    if (n.phase == NodePhase::kRecompute && n.op == "all_gather") {
       EXPECT_EQ(n.scope.rfind("layers.0", 0), 0u) << n.scope;  // tiny has 2 layers
+    }
   }
   EXPECT_GT(sg->reshard.gathers_recomputed, 0);
 }

@@ -42,7 +42,10 @@ volatile sig_atomic_t g_forwarded = 0;
 // which ranks take as a stop request: the first two signals go as SIGUSR2 (stop after the step;
 // exit now), a third as itself (mpirun's teardown).
 void forward_signal(int sig) {
-  if (g_child > 0) ::kill(pid_t(g_child), ++g_forwarded <= 2 ? SIGUSR2 : sig);
+  if (g_child <= 0) return;
+  const sig_atomic_t n = g_forwarded + 1;
+  g_forwarded = n;
+  ::kill(pid_t(g_child), n <= 2 ? SIGUSR2 : sig);
 }
 
 }  // namespace

@@ -33,7 +33,9 @@ void write_line(const char* s) { (void)!::write(2, s, std::strlen(s)); }
 // "finishing the current step" line per rank).
 void on_stop_signal(int sig) {
   if (!g_stepping) ::_exit(128 + sig);
-  if (g_signals_seen++ == 0) {
+  const sig_atomic_t seen = g_signals_seen;
+  g_signals_seen = seen + 1;
+  if (seen == 0) {
     g_stop_signal = sig;
     write_line(g_first_line);
     watchdog_note_signal(sig);

@@ -118,7 +118,7 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
       dist.tokens_per_step() / (par.training.local_batch_size * par.training.seq_len * dp);
   // The reference: one rank, local batch × dp rows, the same number of micro-batches.
   std::vector<std::string> one = extra;
-  for (const std::string& kv :
+  for (const char* kv :
        {"--parallelism.data_parallel_replicate_degree", "1",
         "--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree",
         "1", "--parallelism.expert_parallel_degree", "1",
