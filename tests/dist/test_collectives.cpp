@@ -1,10 +1,12 @@
 // all_gather, reduce_scatter, all_reduce and broadcast over MPI for every dtype, against values
 // computed locally; bf16 accumulation in float32; determinism and cross-rank agreement on
-// random data; float sums in rank order at any buffer length; staging-buffer reuse; argument
-// errors; MPI_CHECK.
+// random data; float sums in rank order at any buffer length, and in ring order on request;
+// staging-buffer reuse; argument errors; MPI_CHECK.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <memory>
 #include <random>
 
 #include "dist_util.h"
@@ -261,6 +263,47 @@ TEST(DistCollectives, FloatSumsAreInRankOrderWhateverTheBufferLength) {
       ASSERT_EQ(get_elem(whole, i), acc) << dtype_name(dt) << " element " << i;
     }
   }
+}
+
+// MESHTRAIN_MPI_SUM_ORDER=ring (read when a communicator is made): rank r's block of a
+// reduce-scatter, and block b of an all-reduce, sum from rank r + 1 (b + 1) on, wrapping around,
+// as NCCL's ring does; any other value than rank or ring is refused by name.
+TEST(DistCollectives, RingSumOrderStartsAfterTheBlockOwner) {
+  const uint64_t seed = dist::shared_fresh_seed();
+  const int W = nranks();
+  ::setenv(kMpiSumOrderVar, "ring", 1);
+  std::unique_ptr<Communicator> ring = world().split(0, rank(), "ring_sums");
+  ::unsetenv(kMpiSumOrderVar);
+  const int64_t m = 5, n = m * W;
+  std::vector<std::vector<float>> x;
+  for (int p = 0; p < W; ++p) x.push_back(random_floats(seed, p, n));
+  auto ring_sum = [&](int block, int64_t i) {
+    float acc = x[size_t((block + 1) % W)][size_t(i)];
+    for (int k = 1; k < W; ++k) acc += x[size_t((block + 1 + k) % W)][size_t(i)];
+    return double(acc);
+  };
+  Tensor in =
+      dist::filled(Shape{n}, DType::kF32, [&](int64_t i) { return x[size_t(rank())][size_t(i)]; });
+  Tensor out = Tensor::empty(Shape{m}, DType::kF32);
+  ring->reduce_scatter(in, out, ReduceOp::kSum, stream());
+  dist::expect_elems(
+      m, [&](int64_t i) { return get_elem(out, i); },
+      [&](int64_t i) { return ring_sum(rank(), rank() * m + i); }, "ring reduce_scatter");
+  ring->all_reduce(in, ReduceOp::kSum, stream());
+  dist::expect_elems(
+      n, [&](int64_t i) { return get_elem(in, i); },
+      [&](int64_t i) { return ring_sum(int(i / m), i); }, "ring all_reduce");
+  ::setenv(kMpiSumOrderVar, "tree", 1);
+  try {
+    world().split(0, rank(), "bad_order");
+    ADD_FAILURE() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("MESHTRAIN_MPI_SUM_ORDER=tree is not a sum order: expected rank "
+                               "(the default) or ring"),
+              std::string::npos)
+        << e.message();
+  }
+  ::unsetenv(kMpiSumOrderVar);
 }
 
 TEST(DistCollectives, BroadcastEveryDtypeFromEveryRoot) {

@@ -1,12 +1,16 @@
 // MPI collectives on host tensors. Float sums (reduce-scatter, all-reduce) add each element's
 // values in rank order, so a result never depends on the buffer's length (bucketed collectives
-// sum like single ones). bf16 reductions are staged: convert to float32 buffers, reduce, convert
-// back, so each element is rounded to bf16 once (a bf16 MPI_Op would round after every pairwise
-// step). Counts beyond MPI's int range throw.
+// sum like single ones); the test-only ring order (see the header) gives that up, as NCCL does.
+// bf16 reductions are staged: convert to float32 buffers, reduce, convert back, so each element
+// is rounded to bf16 once (a bf16 MPI_Op would round after every pairwise step). Counts beyond
+// MPI's int range throw.
 #include "meshtrain/comm/mpi/mpi_communicator.h"
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "meshtrain/comm/collective_watchdog.h"
 #include "meshtrain/comm/comm_dtype.h"
@@ -46,20 +50,29 @@ int mpi_count(int64_t n, const std::string& comm, const char* collective, const 
   return int(n);
 }
 
-// out[j] = blocks[0][j] op blocks[1][j] op ... in rank order (blocks of m elements; out may be
-// block 0 itself).
+// out[j] = blocks[first][j] op blocks[first + 1][j] op ... over all ranks, wrapping around (blocks
+// of m elements; out may be block 0 itself). first = 0: rank order.
 template <typename T>
-void reduce_blocks_in_rank_order(const T* blocks, T* out, int64_t m, int ranks, ReduceOp op) {
+void reduce_blocks_from(const T* blocks, T* out, int64_t m, int ranks, ReduceOp op, int first) {
   for (int64_t j = 0; j < m; ++j) {
-    T acc = blocks[j];
-    for (int r = 1; r < ranks; ++r) {
-      const T v = blocks[int64_t(r) * m + j];
+    T acc = blocks[int64_t(first) * m + j];
+    for (int k = 1; k < ranks; ++k) {
+      const T v = blocks[int64_t((first + k) % ranks) * m + j];
       acc = op == ReduceOp::kSum   ? T(acc + v)
             : op == ReduceOp::kMax ? std::max(acc, v)
                                    : std::min(acc, v);
     }
     out[j] = acc;
   }
+}
+
+// MESHTRAIN_MPI_SUM_ORDER: "rank" (unset: the default) or "ring".
+bool ring_sum_order() {
+  const char* v = std::getenv(kMpiSumOrderVar);
+  if (v == nullptr || std::strcmp(v, "rank") == 0) return false;
+  MT_CHECK_T(ConfigError, std::strcmp(v, "ring") == 0,
+             "{}={} is not a sum order: expected rank (the default) or ring", kMpiSumOrderVar, v);
+  return true;
 }
 
 }  // namespace
@@ -70,6 +83,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  first_block_ = ring_sum_order() ? (rank_ + 1) % size_ : 0;
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::dup_world(const std::string& name) {
@@ -144,7 +158,7 @@ Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduce
   // additions) by message size and rank count, so a bucket would not sum like its tensors alone.
   // Here every rank receives block rank() of each peer's input (one all-to-all, the bytes of a
   // ring reduce-scatter) and adds the blocks in rank order: the result of an element depends only
-  // on its values, never on the buffer around it.
+  // on its values, never on the buffer around it (in ring order: also on the block it is in).
   int m = mpi_count(out.numel(), name_, "reduce_scatter", "output");
   mpi_count(in.numel(), name_, "reduce_scatter", "input");
   if (comm_needs_staging(in.dtype())) {
@@ -152,7 +166,7 @@ Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduce
     float* b = staging(1, in.numel());
     bf16_to_f32(static_cast<const BFloat16*>(in.raw()), a, in.numel());
     MPI_CHECK(MPI_Alltoall(a, m, MPI_FLOAT, b, m, MPI_FLOAT, comm_));
-    reduce_blocks_in_rank_order(b, b, m, size_, op);
+    reduce_blocks_from(b, b, m, size_, op, first_block_);
     f32_to_bf16(b, static_cast<BFloat16*>(out.raw()), out.numel());
     return {};
   }
@@ -160,22 +174,15 @@ Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduce
   void* recv = staging(1, (int64_t(in.nbytes()) + 3) / 4);
   MPI_Datatype type = mpi_move_type(in.dtype());
   MPI_CHECK(MPI_Alltoall(in.raw(), m, type, recv, m, type, comm_));
+  auto reduce = [&](auto* typed_out) {
+    using T = std::remove_pointer_t<decltype(typed_out)>;
+    reduce_blocks_from(static_cast<const T*>(recv), typed_out, m, size_, op, first_block_);
+  };
   switch (in.dtype()) {
-    case DType::kF32:
-      reduce_blocks_in_rank_order(static_cast<const float*>(recv), out.data<float>(), m, size_, op);
-      break;
-    case DType::kF64:
-      reduce_blocks_in_rank_order(static_cast<const double*>(recv), out.data<double>(), m, size_,
-                                  op);
-      break;
-    case DType::kI32:
-      reduce_blocks_in_rank_order(static_cast<const int32_t*>(recv), out.data<int32_t>(), m, size_,
-                                  op);
-      break;
-    case DType::kI64:
-      reduce_blocks_in_rank_order(static_cast<const int64_t*>(recv), out.data<int64_t>(), m, size_,
-                                  op);
-      break;
+    case DType::kF32: reduce(out.data<float>()); break;
+    case DType::kF64: reduce(out.data<double>()); break;
+    case DType::kI32: reduce(out.data<int32_t>()); break;
+    case DType::kI64: reduce(out.data<int64_t>()); break;
     default:
       MT_THROW(ValueError, "communicator '{}': reduce_scatter of {} ({} bytes each) unsupported",
                name_, dtype_name(in.dtype()), elem);
@@ -186,11 +193,11 @@ Work MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, Reduce
 // Every rank sends block r of its buffer (n elements cut into size_ blocks of m = ceil(n / size_),
 // the last zero-padded) to rank r, adds the blocks it receives in rank order and all-gathers the
 // sums: the bytes of a ring all-reduce, and an element's sum depends only on its values, never on
-// the length of the buffer around it.
+// the length of the buffer around it (in ring order it does: the block decides where a sum starts).
 // When n divides by size_ the buffer itself is sent and gathered into (no copies); otherwise
 // a zero-padded staging copy is.
 template <typename T>
-void MpiCommunicator::sum_in_rank_order(T* data, int64_t n, MPI_Datatype type) {
+void MpiCommunicator::sum_over_ranks(T* data, int64_t n, MPI_Datatype type) {
   if (size_ == 1 || n == 0) return;
   const int64_t m = (n + size_ - 1) / size_;
   const int count = mpi_count(m * size_, name_, "all_reduce", "padded buffer") / size_;
@@ -204,7 +211,7 @@ void MpiCommunicator::sum_in_rank_order(T* data, int64_t n, MPI_Datatype type) {
   }
   T* recv = reinterpret_cast<T*>(staging(2, words));
   MPI_CHECK(MPI_Alltoall(send, count, type, recv, count, type, comm_));
-  reduce_blocks_in_rank_order(recv, recv, m, size_, ReduceOp::kSum);
+  reduce_blocks_from(recv, recv, m, size_, ReduceOp::kSum, first_block_);
   MPI_CHECK(MPI_Allgather(recv, count, type, send, count, type, comm_));
   if (padded) std::copy(send, send + n, data);
 }
@@ -215,24 +222,24 @@ Work MpiCommunicator::all_reduce(const Tensor& inout, ReduceOp op, Stream&) {
   int n = mpi_count(inout.numel(), name_, "all_reduce", "buffer");
   // Float sums: not MPI_Allreduce, whose algorithm (and so the order of the additions) Open MPI
   // picks by message size and rank count: here a bucket of gradients sums like each gradient
-  // alone (see sum_in_rank_order). Max, min and integer sums are exact in any order.
+  // alone (see sum_over_ranks). Max, min and integer sums are exact in any order.
   const bool float_sum = op == ReduceOp::kSum && is_floating(inout.dtype());
   if (comm_needs_staging(inout.dtype())) {
     float* a = staging(0, inout.numel());
     bf16_to_f32(static_cast<const BFloat16*>(inout.raw()), a, inout.numel());
     if (float_sum)
-      sum_in_rank_order(a, inout.numel(), MPI_FLOAT);
+      sum_over_ranks(a, inout.numel(), MPI_FLOAT);
     else
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, mpi_op(op), comm_));
     f32_to_bf16(a, static_cast<BFloat16*>(inout.raw()), inout.numel());
     return {};
   }
   if (float_sum && inout.dtype() == DType::kF32) {
-    sum_in_rank_order(inout.data<float>(), inout.numel(), MPI_FLOAT);
+    sum_over_ranks(inout.data<float>(), inout.numel(), MPI_FLOAT);
     return {};
   }
   if (float_sum) {
-    sum_in_rank_order(inout.data<double>(), inout.numel(), MPI_DOUBLE);
+    sum_over_ranks(inout.data<double>(), inout.numel(), MPI_DOUBLE);
     return {};
   }
   MPI_CHECK(

@@ -2,6 +2,12 @@
 // returns (Work{} is already done) and uses MPI's blocking collectives, whose reduction order is
 // fixed by (communicator size, message size) and never by arrival order: same inputs give
 // bitwise-same outputs, run to run, on every rank.
+//
+// Float sums add the ranks' values in rank order, the same order for every element. For tests,
+// MESHTRAIN_MPI_SUM_ORDER=ring makes each rank start its block's sum at the next rank and wrap
+// around, as NCCL's ring reduce-scatter does: each shard then sums in another order, so equal
+// gradient rows can come out unequal in their last bits. CPU runs can then show what depends on
+// the reduction order before a GPU run does.
 #pragma once
 
 #include <mpi.h>
@@ -13,6 +19,8 @@
 #include "meshtrain/comm/communicator.h"
 
 namespace meshtrain {
+
+inline constexpr const char* kMpiSumOrderVar = "MESHTRAIN_MPI_SUM_ORDER";
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -55,9 +63,10 @@ class MpiCommunicator final : public Communicator {
   // Float32 staging views of at least `numel` elements; grows (one allocation) only when a
   // larger reduction than any before arrives.
   float* staging(int slot, int64_t numel);
-  // data[0..n) summed over the ranks element by element in rank order (see all_reduce).
+  // data[0..n) summed over the ranks element by element, from rank first_block_ on (see
+  // all_reduce).
   template <typename T>
-  void sum_in_rank_order(T* data, int64_t n, MPI_Datatype type);
+  void sum_over_ranks(T* data, int64_t n, MPI_Datatype type);
   void check_alltoall_counts(const std::vector<int64_t>& send_rows,
                              const std::vector<int64_t>& recv_rows);
 
@@ -66,6 +75,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   bool check_counts_ = true;
+  int first_block_ = 0;  // whose block a sum starts from: 0, or rank() + 1 with ring sums
   Tensor staging_[3];
   // Host-side count/displacement arrays for MPI_Alltoallv, reused between calls.
   std::vector<int> a2a_ints_;
