@@ -300,9 +300,13 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     if (launch.world_size <= 1) return 1;
     // The other ranks let rank 0 print its line and end the job: an abort from them first would
-    // kill rank 0 before it wrote (seen under mpirun). They end it themselves after a grace period.
-    if (same_on_every_rank && launch.rank != 0)
+    // kill rank 0 before it wrote (seen under mpirun). Still alive after a grace period, the error
+    // was this rank's alone (a file only this node cannot read): it reports it and ends the job.
+    if (same_on_every_rank && launch.rank != 0) {
       std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::fprintf(stderr, "meshtrain: %s\n", e.what());
+      std::fflush(stderr);
+    }
     meshtrain::abort_all(1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
