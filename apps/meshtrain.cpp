@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
     // was this rank's alone (a file only this node cannot read): it reports it and ends the job.
     if (same_on_every_rank && launch.rank != 0) {
       std::this_thread::sleep_for(std::chrono::seconds(10));
-      std::fprintf(stderr, "meshtrain: %s\n", e.what());
+      std::fprintf(stderr, "meshtrain: rank %d: %s\n", launch.rank, e.what());
       std::fflush(stderr);
     }
     meshtrain::abort_all(1);
