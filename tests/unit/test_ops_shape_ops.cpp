@@ -205,6 +205,8 @@ TEST(Tensor, ReseatRowsFollowsNewMemoryAndKeepsTrailingExtents) {
   EXPECT_EQ(rows.raw(), static_cast<char*>(b.raw()) + 16);
   EXPECT_EQ(rows.dtype(), DType::kF32);
   EXPECT_THROW(rows.reseat_rows(b.storage(), 16, 8), Error);  // 8 × 16 bytes from 16 > 128
+  EXPECT_EQ(rows.shape(), (Shape{4, 4}));                     // a refused reseat changes nothing
+  EXPECT_EQ(rows.raw(), static_cast<char*>(b.raw()) + 16);
 }
 }  // namespace
 }  // namespace meshtrain

@@ -108,18 +108,14 @@ size_t exchange_bytes(const std::vector<TensorMeta>& in, const std::vector<Tenso
 // row-capacity pool rebinds it to the pool or back to the arena) the view is reseated in place,
 // since making a Tensor allocates its Shape, which a step must not do.
 struct RowsView {
-  const void* at = nullptr;
-  size_t bytes = 0;
   Tensor rows;
   const Tensor& of(const Tensor& ws, int64_t D, DType dt, size_t row_bytes) {
-    if (at == ws.raw() && bytes == ws.nbytes() && rows.dtype() == dt) return rows;
     const int64_t n = int64_t(ws.nbytes() / row_bytes);
-    if (rows.defined() && rows.dtype() == dt && rows.shape().rank() == 2 && rows.shape()[1] == D)
-      rows.reseat_rows(ws.storage(), ws.byte_offset(), n);
-    else
+    if (!rows.defined() || rows.dtype() != dt || rows.shape()[1] != D)
       rows = Tensor(ws.storage(), ws.byte_offset(), Shape{n, D}, dt);
-    at = ws.raw();
-    bytes = ws.nbytes();
+    else if (rows.storage() != ws.storage() || rows.byte_offset() != ws.byte_offset() ||
+             rows.shape()[0] != n)
+      rows.reseat_rows(ws.storage(), ws.byte_offset(), n);
     return rows;
   }
 };

@@ -45,12 +45,16 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
 void Tensor::reseat_rows(std::shared_ptr<Storage> storage, size_t byte_offset, int64_t rows) {
   MT_CHECK_T(ShapeError, shape_.rank() >= 1 && rows >= 0,
              "reseat_rows: {} rows for a tensor of shape {} (rank >= 1 needed)", rows, shape_);
+  int64_t per_row = 1;
+  for (int d = 1; d < shape_.rank(); ++d) per_row *= shape_[d];
+  const size_t bytes = size_t(rows * per_row) * dtype_size(dtype_);
+  // Checked before anything changes: a refused reseat leaves the tensor as it was.
+  MT_CHECK(storage == nullptr || byte_offset + bytes <= storage->bytes(),
+           "reseat_rows: {} bytes at offset {} exceed storage of {} bytes", bytes, byte_offset,
+           storage->bytes());
   shape_[0] = rows;
   storage_ = std::move(storage);
   offset_ = byte_offset;
-  MT_CHECK(storage_ == nullptr || offset_ + nbytes() <= storage_->bytes(),
-           "reseat_rows: {} bytes at offset {} exceed storage of {} bytes", nbytes(), offset_,
-           storage_->bytes());
 }
 
 void Tensor::check_host_typed(DType want) const {
