@@ -69,6 +69,11 @@ void Executor::prepare() {
   int max_stream = 0;
   for (NodeId id : plan_.schedule) max_stream = std::max(max_stream, graph_.node(id).stream);
   backend_.ensure_streams(max_stream + 1);
+  if (max_stream > 0) run_started_ = backend_.create_event(false);
+  for (int st = 1; st <= max_stream; ++st) {
+    side_streams_.push_back(&backend_.stream(st));
+    side_done_.push_back(backend_.create_event(false));
+  }
 
   // Position of each node in the schedule; producer of each value.
   std::vector<int> pos_of(size_t(graph_.num_nodes()), -1);
@@ -168,6 +173,14 @@ void Executor::prepare() {
 
 void Executor::run() {
   MT_CHECK(prepared_, "Executor::run before prepare()");
+  // Without this, the next micro-batch's first gathers on a communication stream could
+  // overwrite arena bytes this run's last backward nodes on stream 0 still read (and the
+  // reverse), since the waits below order nodes within one run only.
+  Stream& main = backend_.stream(0);
+  if (run_started_) {
+    run_started_->record(main);
+    for (Stream* st : side_streams_) run_started_->wait(*st);
+  }
   for (Step& s : steps_) {
     const Node& n = graph_.node(s.node);
     // Stream waits: ordering computed in prepare(); see the comment there.
@@ -183,6 +196,10 @@ void Executor::run() {
     }
     if (observer_) observer_->after(n, *s.ctx.stream);
     if (s.done) s.done->record(*s.ctx.stream);
+  }
+  for (size_t i = 0; i < side_streams_.size(); ++i) {
+    side_done_[i]->record(*side_streams_[i]);
+    side_done_[i]->wait(main);
   }
 }
 

@@ -31,6 +31,10 @@ class Executor {
   // Persistent values (parameters, gradients, state) must be bound before prepare().
   void bind(ValueId v, Tensor t);
   void prepare();
+  // Enqueues one run of the graph. A run is ordered as a whole after the work enqueued before it
+  // on stream 0 and before the work enqueued after it there: the other streams wait for stream 0
+  // when it starts and stream 0 waits for them when it ends, so runs back to back (the
+  // micro-batches of a step) never overlap on the arena.
   void run();
 
   // The tensor a value is bound to (inputs to fill, outputs to read). Valid after prepare().
@@ -65,6 +69,11 @@ class Executor {
   std::shared_ptr<Storage> inputs_;
   std::vector<Step> steps_;
   std::vector<std::unique_ptr<Event>> events_;
+  // The streams other than 0 that the graph uses, the event they wait for at a run's start, and
+  // one per stream that stream 0 waits for at its end.
+  std::vector<Stream*> side_streams_;
+  std::unique_ptr<Event> run_started_;
+  std::vector<std::unique_ptr<Event>> side_done_;
   std::unique_ptr<RowCapacityPools> row_pools_;  // rebinds steps_' contexts: declared after them
   bool prepared_ = false;
 };
