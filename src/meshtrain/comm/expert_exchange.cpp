@@ -2,12 +2,14 @@
 // moves rows between ranks; the regrouping is contiguous device copies on the node's stream).
 #include "meshtrain/comm/expert_exchange.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
 
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/ep_padded.h"
 #include "meshtrain/ir/op_registry.h"
 #include "meshtrain/ops/host_published.h"
 #include "meshtrain/ops/moe_permute.h"
@@ -18,6 +20,23 @@ namespace {
 void check_int_matrix(const TensorMeta& m, int64_t rows, const char* what, const char* op) {
   MT_CHECK_T(ShapeError, m.dtype == DType::kI32 && m.shape.rank() == 2 && m.shape[0] == rows,
              "{}: {} must be int32 [{}, n], found {} {}", op, what, rows, m.dtype, m.shape);
+}
+
+// A graph's padded-exchange switch and overflow counter, shared by all its MoE layers (the
+// trainer flips `synced` for the replay of an overflowed step; see ep_padded.h).
+struct EpControl {
+  bool synced = false;
+  Tensor overflow;  // float32 [1] on the device: blocks and slots over their rows
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::map<const Graph*, std::weak_ptr<EpControl>>& controls() {
+  static std::map<const Graph*, std::weak_ptr<EpControl>> c;
+  return c;
 }
 
 // One MoE layer's host state, shared by its ep_counts and its exchange nodes (forward, backward
@@ -39,15 +58,21 @@ struct EpHost {
   std::vector<int64_t> ones;                  // [ep] of 1: the count exchange's rows per peer
   std::shared_ptr<HostPublished> published;
   int64_t rows = 0;  // padded local rows of the current micro-batch
+  // The padded exchange (block_rows > 0 when the graph allows it): its static slot groups
+  // [2, El] (pinned), the rows per peer of its all_to_all, the graph's switch and counter.
+  EpPaddedShape padded;
+  Tensor slots;
+  std::vector<int64_t> block;
+  std::shared_ptr<EpControl> control;
+  bool padded_now() const { return padded.block_rows > 0 && !control->synced; }
 };
 
 std::shared_ptr<EpHost> ep_host_of(const Graph& graph, ValueId recv_counts, ExecServices* services,
                                    const char* op) {
   MT_CHECK(services != nullptr, "{} needs the mesh's communicators (an executor with services)",
            op);
-  static std::mutex mu;
   static std::map<std::pair<const Graph*, ValueId>, std::weak_ptr<EpHost>> states;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(registry_mutex());
   auto& slot = states[{&graph, recv_counts}];
   std::shared_ptr<EpHost> h = slot.lock();
   if (h) return h;
@@ -69,6 +94,31 @@ std::shared_ptr<EpHost> ep_host_of(const Graph& graph, ValueId recv_counts, Exec
   h->published = host_published_of(graph, counts.outputs.at(1));
   h->published->data = h->local.data<int32_t>();
   h->published->count = 2 * h->el;
+  h->padded = EpPaddedShape{.ep = h->ep,
+                            .el = h->el,
+                            .block_rows = counts.attrs.i("block_rows", 0),
+                            .slot_rows = counts.attrs.i("slot_rows", 0),
+                            .compact_rows = counts.attrs.i("compact_rows", 0)};
+  std::shared_ptr<EpControl>& control = h->control;
+  control = controls()[&graph].lock();
+  if (!control) {
+    control = std::make_shared<EpControl>();
+    controls()[&graph] = control;
+  }
+  if (h->padded.block_rows > 0) {
+    // Expert e's slot is rows [e·C, (e + 1)·C): the groups the grouped GEMMs read, fixed.
+    h->slots = Tensor::empty(Shape{2, h->el}, DType::kI32, staging);
+    int32_t* g = h->slots.data<int32_t>();
+    for (int64_t e = 0; e < h->el; ++e) {
+      g[e] = int32_t(e * h->padded.slot_rows);
+      g[h->el + e] = int32_t(h->padded.slot_rows);
+    }
+    h->block.assign(size_t(h->ep), h->padded.block_rows);
+    if (!control->overflow.defined()) {
+      control->overflow = Tensor::empty(Shape{1}, DType::kF32, services->backend().allocator());
+      services->backend().fill_zero(control->overflow.raw(), 4, services->backend().stream(0));
+    }
+  }
   slot = h;
   return h;
 }
@@ -98,27 +148,97 @@ void regroup(KernelContext& c, EpHost& h, char* exchange, char* local, size_t ro
     }
 }
 
-size_t exchange_bytes(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                      bool to_experts) {
-  const TensorMeta& local = to_experts ? out.at(0) : in.at(0);
-  return local.nbytes();  // the peer-major buffer never holds more rows than the local one
+// The padded exchange's workspace: two blocks buffers [ep·S, D] (what is sent, what arrives),
+// then one index map of the largest of the three buffers.
+size_t padded_block_bytes(const EpPaddedShape& s, size_t row_bytes) {
+  return (size_t(s.ep) * size_t(s.block_rows) * row_bytes + 255) / 256 * 256;
 }
 
-// The workspace as rows [n, D]. Made on the first run; when the workspace moves (the
-// row-capacity pool rebinds it to the pool or back to the arena) the view is reseated in place,
-// since making a Tensor allocates its Shape, which a step must not do.
+size_t padded_workspace_bytes(const EpPaddedShape& s, int64_t local_rows, size_t row_bytes) {
+  const int64_t idx_rows = std::max({int64_t(s.ep) * s.block_rows, local_rows, s.compact_rows});
+  return 2 * padded_block_bytes(s, row_bytes) + size_t(idx_rows) * 4;
+}
+
+size_t exchange_bytes(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
+                      const Attrs& a, bool to_experts) {
+  const TensorMeta& local = to_experts ? out.at(0) : in.at(0);
+  // Synced: the peer-major buffer, which never holds more rows than the local one. Padded: its
+  // blocks and index map after it, apart, so that the scratch stays linear in the local rows
+  // (the row-capacity pool grows it for a synced replay along that line).
+  size_t bytes = local.nbytes();
+  const int64_t block_rows = a.i("block_rows", 0);
+  if (block_rows > 0) {
+    const TensorMeta& compact = to_experts ? in.at(0) : out.at(0);
+    const int64_t D = local.shape[1];
+    const EpPaddedShape s{.ep = int(in.at(2).shape[0]),
+                          .el = in.at(2).shape[1],
+                          .block_rows = block_rows,
+                          .compact_rows = compact.shape[0]};
+    bytes = (bytes + 255) / 256 * 256 +
+            padded_workspace_bytes(s, local.shape[0], size_t(D) * dtype_size(local.dtype));
+  }
+  return bytes;
+}
+
+// Rows [n, D] of the workspace from byte `at`. Made on the first run; when the workspace moves
+// (the row-capacity pool rebinds it to the pool or back to the arena) the view is reseated in
+// place, since making a Tensor allocates its Shape, which a step must not do.
 struct RowsView {
   Tensor rows;
-  const Tensor& of(const Tensor& ws, int64_t D, DType dt, size_t row_bytes) {
-    const int64_t n = int64_t(ws.nbytes() / row_bytes);
+  const Tensor& of(const Tensor& ws, size_t at, int64_t n, int64_t D, DType dt) {
+    const size_t offset = ws.byte_offset() + at;
     if (!rows.defined() || rows.dtype() != dt || rows.shape()[1] != D)
-      rows = Tensor(ws.storage(), ws.byte_offset(), Shape{n, D}, dt);
-    else if (rows.storage() != ws.storage() || rows.byte_offset() != ws.byte_offset() ||
-             rows.shape()[0] != n)
-      rows.reseat_rows(ws.storage(), ws.byte_offset(), n);
+      rows = Tensor(ws.storage(), offset, Shape{n, D}, dt);
+    else if (rows.storage() != ws.storage() || rows.byte_offset() != offset || rows.shape()[0] != n)
+      rows.reseat_rows(ws.storage(), offset, n);
     return rows;
   }
 };
+
+// The views an exchange node keeps on its workspace: the synced peer-major buffer, and the
+// padded exchange's two blocks buffers.
+struct ExchangeViews {
+  RowsView peer_major, sent, got;
+};
+
+// One direction of the padded exchange (see ep_padded.h): src -> blocks, all_to_all, blocks ->
+// dst, all on the device with the counts the device holds.
+void padded_exchange(KernelContext& c, EpHost& h, Communicator& comm, ExchangeViews& views,
+                     bool to_experts) {
+  Backend& be = c.services->backend();
+  const EpPaddedKernels& k = ep_padded_kernels(be.device().type);
+  const Tensor& src = c.in[0];
+  const Tensor& dst = c.out[0];
+  const int64_t D = src.shape()[1];
+  const size_t row_bytes = size_t(D) * dtype_size(src.dtype());
+  const int64_t block = int64_t(h.ep) * h.padded.block_rows;
+  const size_t block_bytes = padded_block_bytes(h.padded, row_bytes);
+  // The padded part of the workspace follows the synced one, sized for the planned local rows
+  // (the count kernel has just put the buffers back at their plan).
+  const int64_t local_rows = h.el * h.padded.slot_rows;
+  const size_t at = (size_t(local_rows) * row_bytes + 255) / 256 * 256;
+  MT_CHECK(at + padded_workspace_bytes(h.padded, local_rows, row_bytes) <= c.workspace.nbytes(),
+           "padded ep exchange: workspace of {} bytes, needs {}", c.workspace.nbytes(),
+           at + padded_workspace_bytes(h.padded, local_rows, row_bytes));
+  const Tensor& sent = views.sent.of(c.workspace, at, block, D, src.dtype());
+  const Tensor& got = views.got.of(c.workspace, at + block_bytes, block, D, src.dtype());
+  auto* idx =
+      reinterpret_cast<int32_t*>(static_cast<char*>(c.workspace.raw()) + at + 2 * block_bytes);
+  const auto* groups = c.in[1].data<int32_t>();
+  const auto* recv = c.in[2].data<int32_t>();
+  const EpRowMap pack = to_experts ? EpRowMap::kCompactToBlocks : EpRowMap::kSlotsToBlocks;
+  const EpRowMap unpack = to_experts ? EpRowMap::kBlocksToSlots : EpRowMap::kBlocksToCompact;
+  k.index(pack, h.padded, groups, recv, idx, *c.stream);
+  k.gather(sent.raw(), src.raw(), idx, block, row_bytes, *c.stream);
+  comm.all_to_all_v(sent, h.block, got, h.block, *c.stream);
+  k.index(unpack, h.padded, groups, recv, idx, *c.stream);
+  const int64_t rows = ep_padded_rows(unpack, h.padded);
+  k.gather(dst.raw(), got.raw(), idx, rows, row_bytes, *c.stream);
+  // Rows past the plan (the buffer still bound to a pool a synced step grew) are zeros.
+  if (dst.shape()[0] > rows)
+    be.fill_zero(static_cast<char*>(dst.raw()) + size_t(rows) * row_bytes,
+                 size_t(dst.shape()[0] - rows) * row_bytes, *c.stream);
+}
 
 // The exchange kernels read the counts their layer's ep_counts left on the host: no copy, no
 // wait here.
@@ -127,17 +247,22 @@ KernelFn exchange_kernel(const Node& node, const Graph& graph, ExecServices* ser
   std::shared_ptr<EpHost> h = ep_host_of(graph, node.inputs.at(2), services,
                                          to_experts ? "ep_to_experts" : "ep_from_experts");
   const MeshGroup group = node.attrs.group();  // read once: the lookup builds strings
-  auto view = std::make_shared<RowsView>();
-  return [h, to_experts, group, view](KernelContext& c) {
+  auto views = std::make_shared<ExchangeViews>();
+  return [h, to_experts, group, views](KernelContext& c) {
     Communicator& comm = c.services->comm(group);
     Backend& be = c.services->backend();
     MT_CHECK(comm.size() == h->ep, "ep exchange: the group has {} ranks, the counts {} peers",
              comm.size(), h->ep);
+    if (h->padded_now()) {
+      padded_exchange(c, *h, comm, *views, to_experts);
+      return;
+    }
     const Tensor& src = c.in[0];
     const Tensor& dst = c.out[0];
     const int64_t D = src.shape().numel() / std::max<int64_t>(src.shape()[0], 1);
     const size_t row_bytes = size_t(D) * dtype_size(src.dtype());
-    const Tensor& xbuf = view->of(c.workspace, D, src.dtype(), row_bytes);
+    const Tensor& xbuf = views->peer_major.of(
+        c.workspace, 0, int64_t(c.workspace.nbytes() / row_bytes), D, src.dtype());
     // Padding rows and slack are zeros (moe_permute's rule); the copies then fill the data rows.
     be.fill_zero(dst.raw(), dst.nbytes(), *c.stream);
     if (to_experts) {
@@ -161,7 +286,8 @@ KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* servi
   const int64_t align = node.attrs.i("alignment"), planned = node.attrs.i("capacity");
   const int64_t worst = node.attrs.i("worst_capacity");
   auto send = std::make_shared<Tensor>();
-  return [h, group, align, planned, worst, send](KernelContext& c) {
+  int32_t* local_groups_host = h->local.data<int32_t>();
+  return [h, group, align, planned, worst, send, local_groups_host](KernelContext& c) {
     Communicator& comm = c.services->comm(group);
     Backend& be = c.services->backend();
     MT_CHECK(comm.size() == h->ep, "ep_counts: the group has {} ranks, the graph {} peers",
@@ -173,6 +299,21 @@ KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* servi
     if (!send->defined() || send->raw() != static_cast<const char*>(groups.raw()) + size_t(E) * 4)
       *send = Tensor(groups.storage(), groups.byte_offset() + size_t(E) * 4, Shape{ep, el},
                      DType::kI32);  // once: a Shape allocates
+    if (h->padded_now()) {
+      // Padded: the counts stay on the device; no host wait (see ep_padded.h). The local groups
+      // are the fixed slots, and the buffers that follow are back at their plan.
+      comm.all_to_all_v(*send, h->ones, c.out[0], h->ones, *c.stream);
+      ep_padded_kernels(be.device().type)
+          .count_overflows(h->padded, groups.data<int32_t>(), c.out[0].data<int32_t>(),
+                           h->control->overflow.data<float>(), *c.stream);
+      be.copy(c.out[1].raw(), h->slots.raw(), size_t(2 * el) * 4, CopyKind::kHostToDevice,
+              *c.stream);
+      h->published->data = h->slots.data<int32_t>();
+      h->rows = el * h->padded.slot_rows;
+      if (c.capacity) c.capacity->fit(h->rows, worst);
+      return;
+    }
+    h->published->data = local_groups_host;
     be.copy(h->send_counts.raw(), send->raw(), size_t(E) * 4, CopyKind::kDeviceToHost, *c.stream);
     comm.all_to_all_v(*send, h->ones, c.out[0], h->ones, *c.stream);
     be.copy(h->recv.raw(), c.out[0].raw(), h->recv.nbytes(), CopyKind::kDeviceToHost, *c.stream);
@@ -214,6 +355,21 @@ KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* servi
 
 }  // namespace
 
+void set_ep_exchange_synced(const Graph& graph, bool synced) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = controls().find(&graph);
+  if (it == controls().end()) return;
+  if (std::shared_ptr<EpControl> c = it->second.lock()) c->synced = synced;
+}
+
+Tensor ep_overflow_counter(const Graph& graph) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = controls().find(&graph);
+  if (it == controls().end()) return {};
+  std::shared_ptr<EpControl> c = it->second.lock();
+  return c ? c->overflow : Tensor();
+}
+
 int64_t ep_local_capacity(int ep, int64_t choices, int64_t local_experts, int64_t alignment,
                           double capacity_factor) {
   MT_CHECK_T(ConfigError, capacity_factor > 0,
@@ -223,30 +379,58 @@ int64_t ep_local_capacity(int ep, int64_t choices, int64_t local_experts, int64_
   return std::min(worst, moe_capacity(expected, local_experts, alignment));
 }
 
+EpPaddedShape ep_padded_shape(int ep, int64_t choices, int64_t local_experts, int64_t alignment,
+                              double capacity_factor) {
+  MT_CHECK_T(ConfigError, capacity_factor > 0,
+             "[parallelism] expert_capacity_factor must be > 0, found {}", capacity_factor);
+  const auto expected = [&](int64_t n) {
+    return int64_t(std::ceil(capacity_factor * double(choices) / double(n)));
+  };
+  EpPaddedShape s{.ep = ep, .el = local_experts, .compact_rows = choices};
+  // A peer's block: its share of this rank's rows with headroom, never more than all of them.
+  s.block_rows = std::clamp<int64_t>(expected(ep), 1, std::max<int64_t>(choices, 1));
+  // An expert's slot: its share of the rows this rank receives, never more than every block.
+  const int64_t most = (int64_t(ep) * s.block_rows + alignment - 1) / alignment * alignment;
+  s.slot_rows = std::min(most, (std::max<int64_t>(expected(local_experts), 1) + alignment - 1) /
+                                   alignment * alignment);
+  return s;
+}
+
 EpLayout ep_counts(Builder& b, ValueId groups, MeshGroup group, int ep, int64_t alignment,
-                   int64_t choices, double capacity_factor) {
+                   int64_t choices, double capacity_factor, bool padded) {
   const int64_t E = b.shape(groups).rank() == 2 ? b.shape(groups)[1] : 0;
   const int64_t el = E / std::max(ep, 1);
-  const int64_t cap = ep_local_capacity(ep, choices, el, alignment, capacity_factor);
+  int64_t cap = ep_local_capacity(ep, choices, el, alignment, capacity_factor);
+  EpPaddedShape s;
+  if (padded && el > 0) {
+    s = ep_padded_shape(ep, choices, el, alignment, capacity_factor);
+    cap = el * s.slot_rows;
+  }
   auto outs = b.op("ep_counts", {groups},
                    {{"group", int64_t(group)},
                     {"ep", int64_t(ep)},
                     {"alignment", alignment},
                     {"capacity", cap},
-                    {"worst_capacity", moe_capacity(int64_t(ep) * choices, el, alignment)}});
-  return EpLayout{outs[0], outs[1], cap};
+                    {"worst_capacity", moe_capacity(int64_t(ep) * choices, el, alignment)},
+                    {"block_rows", s.block_rows},
+                    {"slot_rows", s.slot_rows},
+                    {"compact_rows", choices}});
+  return EpLayout{outs[0], outs[1], cap, s.block_rows};
 }
 
 ValueId ep_to_experts(Builder& b, ValueId x_perm, ValueId groups, const EpLayout& layout,
                       MeshGroup group) {
   return b.op1("ep_to_experts", {x_perm, groups, layout.recv_counts, layout.local_groups},
-               {{"group", int64_t(group)}, {"capacity", layout.local_capacity}});
+               {{"group", int64_t(group)},
+                {"capacity", layout.local_capacity},
+                {"block_rows", layout.block_rows}});
 }
 
 ValueId ep_from_experts(Builder& b, ValueId y_local, ValueId groups, const EpLayout& layout,
                         int64_t capacity, MeshGroup group) {
-  return b.op1("ep_from_experts", {y_local, groups, layout.recv_counts, layout.local_groups},
-               {{"group", int64_t(group)}, {"capacity", capacity}});
+  return b.op1(
+      "ep_from_experts", {y_local, groups, layout.recv_counts, layout.local_groups},
+      {{"group", int64_t(group)}, {"capacity", capacity}, {"block_rows", layout.block_rows}});
 }
 
 MT_REGISTER_OPS {
@@ -276,7 +460,7 @@ MT_REGISTER_OPS {
             .infer = infer_exchange,
             .backward =
                 [](GradContext& c) {
-                  EpLayout l{c.in(2), c.in(3), 0};
+                  EpLayout l{c.in(2), c.in(3), 0, c.attrs().i("block_rows", 0)};
                   return std::vector<ValueId>{
                       ep_from_experts(c.b, c.grad_out(0), c.in(1), l, c.b.shape(c.in(0))[0],
                                       c.attrs().group()),
@@ -289,7 +473,7 @@ MT_REGISTER_OPS {
             .infer = infer_exchange,
             .backward =
                 [](GradContext& c) {
-                  EpLayout l{c.in(2), c.in(3), c.b.shape(c.in(0))[0]};
+                  EpLayout l{c.in(2), c.in(3), c.b.shape(c.in(0))[0], c.attrs().i("block_rows", 0)};
                   return std::vector<ValueId>{
                       ep_to_experts(c.b, c.grad_out(0), c.in(1), l, c.attrs().group()), kNoValue,
                       kNoValue, kNoValue};
@@ -305,13 +489,13 @@ MT_REGISTER_OPS {
                            return exchange_kernel(n, g, s, true);
                          }),
                          [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                            const Attrs&) { return exchange_bytes(in, out, true); });
+                            const Attrs& a) { return exchange_bytes(in, out, a, true); });
     r.add_kernel_factory("ep_from_experts", d,
                          ServicesKernelFactory([](const Node& n, const Graph& g, ExecServices* s) {
                            return exchange_kernel(n, g, s, false);
                          }),
                          [](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out,
-                            const Attrs&) { return exchange_bytes(in, out, false); });
+                            const Attrs& a) { return exchange_bytes(in, out, a, false); });
   }
 }
 

@@ -147,15 +147,16 @@ ValueId ParallelPlan::tp_enter(Builder& b, ValueId x) const {
 
 ExpertRows ParallelPlan::to_local_experts(Builder& b, ValueId x_perm, ValueId groups,
                                           int64_t capacity, int64_t alignment) const {
-  ops::EpLayout l = ops::ep_counts(b, groups, MeshGroup::kEp, group_size(MeshGroup::kEp), alignment,
-                                   capacity, config_.expert_capacity_factor);
+  ops::EpLayout l =
+      ops::ep_counts(b, groups, MeshGroup::kEp, group_size(MeshGroup::kEp), alignment, capacity,
+                     config_.expert_capacity_factor, config_.expert_exchange_padded);
   return ExpertRows{ops::ep_to_experts(b, x_perm, groups, l, MeshGroup::kEp), l.local_groups,
-                    l.recv_counts};
+                    l.recv_counts, l.block_rows};
 }
 
 ValueId ParallelPlan::from_local_experts(Builder& b, ValueId y_local, const ExpertRows& local,
                                          ValueId groups, int64_t capacity) const {
-  ops::EpLayout l{local.recv_counts, local.groups, b.shape(y_local)[0]};
+  ops::EpLayout l{local.recv_counts, local.groups, b.shape(y_local)[0], local.block_rows};
   return ops::ep_from_experts(b, y_local, groups, l, capacity, MeshGroup::kEp);
 }
 

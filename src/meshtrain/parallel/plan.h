@@ -79,6 +79,9 @@ struct PlanConfig {
   // Rows an EP rank's expert buffers are planned for, as a multiple of the rows it routes
   // ([parallelism] expert_capacity_factor; see comm/expert_exchange.h).
   double expert_capacity_factor = kDefaultExpertCapacityFactor;
+  // [parallelism] expert_exchange = "padded": the exchange without a host wait
+  // (comm/ep_padded.h).
+  bool expert_exchange_padded = false;
 };
 
 // Expert-major rows and the groups [2, experts] that describe them, on either side of the
@@ -87,6 +90,7 @@ struct ExpertRows {
   ValueId x = kNoValue;
   ValueId groups = kNoValue;
   ValueId recv_counts = kNoValue;  // set after to_local_experts: the exchange's layout
+  int64_t block_rows = 0;          // > 0: the exchange may run padded (comm/ep_padded.h)
 };
 
 class ParallelPlan {

@@ -287,6 +287,15 @@ std::vector<Binding> make_bindings() {
             "plans the worst case. Default: the most any rank received in the routing measured "
             "on the DeepSeek-V3 debug model with load balancing, with headroom (README)")
           .at_least(0.1));
+  t.push_back(field(
+      "parallelism", "expert_exchange", &J::parallelism, &ParallelismSection::expert_exchange,
+      "Expert parallel token exchange. synced: each MoE layer's counts come to the host once per "
+      "micro-batch and size the exchange and the grouped GEMMs exactly (one host wait per "
+      "layer). padded: no host wait; each peer gets a block and each local expert a slot of "
+      "expert_capacity_factor × its share of the rows, the grouped GEMMs run over whole slots "
+      "(padding costs FLOPs), and a step whose rows do not fit is redone synced (dropless, "
+      "logged). Padded wants a capacity factor above the routing's max/mean load",
+      {"synced", "padded"}));
   // [activation_checkpoint]
   {
     Binding b = field("activation_checkpoint", "mode", &J::activation_checkpoint,

@@ -97,19 +97,26 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
                    gib(mp.live_peak_bytes));
   {
     // Expert-parallel exchanges: the local rows are planned for the expected load (row_capacity.h).
-    int64_t exchanges = 0, planned = 0, worst = 0;
+    int64_t exchanges = 0, planned = 0, worst = 0, block = 0, slot = 0;
     for (NodeId id : mp.schedule) {
       const Node& n = sg->graph.node(id);
       if (!OpRegistry::instance().op(n.op).capacity_source) continue;
       ++exchanges;
       planned = std::max(planned, n.attrs.i("capacity"));
       worst = std::max(worst, n.attrs.i("worst_capacity", 0));
+      block = std::max(block, n.attrs.i("block_rows", 0));
+      slot = std::max(slot, n.attrs.i("slot_rows", 0));
     }
     if (exchanges > 0)
       r += fmt::format(
           "  expert rows (EP)           {} rows per MoE layer planned ([parallelism] "
           "expert_capacity_factor {}; worst case {} rows); a step that needs more takes a pool\n",
           planned, cfg.parallelism.expert_capacity_factor, worst);
+    if (block > 0)
+      r += fmt::format(
+          "  padded expert exchange     blocks of {} rows per peer, slots of {} rows per local "
+          "expert, no host wait; a step whose rows do not fit is redone synced\n",
+          block, slot);
   }
   r += fmt::format("  inputs                     {}\n", gib(mp.input_bytes));
   r += fmt::format("  total                      {}\n", gib(mp.total_bytes() + moments));

@@ -49,7 +49,8 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
       PlanConfig{.master_dtype = o.master_dtype,
                  .compute_dtype = o.compute_dtype,
                  .reduce_dtype = o.reduce_dtype,
-                 .expert_capacity_factor = cfg.parallelism.expert_capacity_factor},
+                 .expert_capacity_factor = cfg.parallelism.expert_capacity_factor,
+                 .expert_exchange_padded = cfg.parallelism.expert_exchange == "padded"},
       layout);
   sg->local_batch = local_batch;
   sg->seq_len = seq_len;

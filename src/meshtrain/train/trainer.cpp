@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "meshtrain/comm/collective_watchdog.h"
+#include "meshtrain/comm/expert_exchange.h"
 #include "meshtrain/core/gpu_sharing.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/data/parallel_encode.h"
@@ -139,6 +140,9 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   exec_->bind(loss_sum_, loss_sum_buffer_);
   exec_->prepare();
   host_scalar_ = Tensor::empty(lm.shape, lm.dtype, backend_->host_staging_allocator());
+  ep_overflow_ = ops::ep_overflow_counter(graph_);  // made by prepare() when the exchange is padded
+  if (ep_overflow_.defined())
+    host_overflow_ = Tensor::empty(Shape{1}, DType::kF32, backend_->host_staging_allocator());
   reshard_ = sg->reshard;
   checkpoint_ = sg->checkpoint;
 
@@ -322,6 +326,51 @@ double Trainer::read_step_loss() {
   return host_scalar_.item_as_double(0);
 }
 
+void Trainer::run_micro_batches() {
+  for (int64_t m = 0; m < accum_steps_; ++m) {
+    feeder_->feed(*loader_);
+    exec_->run();
+  }
+}
+
+bool Trainer::padded_exchange_overflowed() {
+  Stream& s = backend_->stream(0);
+  mesh_->comm(MeshGroup::kWorld).all_reduce(ep_overflow_, ReduceOp::kSum, s);
+  backend_->copy(host_overflow_.raw(), ep_overflow_.raw(), 4, CopyKind::kDeviceToHost, s);
+  // Host sync, once per step and only with the padded exchange: every rank must know before the
+  // optimizer whether some rank dropped rows, so that all redo the step or none does.
+  s.synchronize();
+  return host_overflow_.data<float>()[0] > 0;
+}
+
+void Trainer::replay_step_synced(const TokenLoader::State& data_at) {
+  ++padded_replays_;
+  if (rank_ == 0)  // every rank knows the same global count
+    log_warn(
+        "step {}: {} padded expert blocks or slots held more rows than planned ([parallelism] "
+        "expert_capacity_factor {}); redoing the step with the synced exchange (steps redone so "
+        "far: {} of {})",
+        step_, int64_t(host_overflow_.data<float>()[0]), cfg_.parallelism.expert_capacity_factor,
+        padded_replays_, step_);
+  // Host sync: the first pass's last gradient reductions may still run on the communication
+  // streams, which the zeroing below on stream 0 is not ordered after (a replay is rare).
+  backend_->synchronize();
+  Stream& s = backend_->stream(0);
+  // Everything the micro-batches accumulated goes back to zero: the loss, the gradients (when
+  // several micro-batches add into them), the routed-token counters of the bias update.
+  backend_->fill_zero(loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(), s);
+  if (accum_steps_ > 1)
+    for (ParamGroup& g : store_->groups()) backend_->fill_zero(g.grad.raw(), g.grad.nbytes(), s);
+  for (const LoadBalanceLayer& l : plan_->load_balance_layers()) {
+    Tensor t = store_->master(l.tokens_per_expert);
+    backend_->fill_zero(t.raw(), t.nbytes(), s);
+  }
+  loader_->restore(data_at);
+  ops::set_ep_exchange_synced(graph_, true);
+  run_micro_batches();
+  ops::set_ep_exchange_synced(graph_, false);
+}
+
 HfRunContext Trainer::hf_context() {
   return HfRunContext{
       *model_, *plan_, *store_, *backend_, cfg_.training.seq_len, compute_dtype_, rank_, [this] {
@@ -343,10 +392,14 @@ StepRecord Trainer::step(bool /*read_back*/) {
     exec_->set_observer(profiler_.get());
   }
   const RowCapacityStats rows_before = exec_->row_capacity_stats();
-  for (int64_t m = 0; m < accum_steps_; ++m) {
-    feeder_->feed(*loader_);
-    exec_->run();
+  TokenLoader::State data_at;
+  if (ep_overflow_.defined()) {
+    data_at = loader_->state();
+    backend_->fill_zero(ep_overflow_.raw(), ep_overflow_.nbytes(), s);
   }
+  run_micro_batches();
+  const bool replay = ep_overflow_.defined() && padded_exchange_overflowed();
+  if (replay) replay_step_synced(data_at);
   const RowCapacityStats rows_after = exec_->row_capacity_stats();
   if (profile) {
     exec_->set_observer(nullptr);
@@ -355,6 +408,7 @@ StepRecord Trainer::step(bool /*read_back*/) {
   }
   StepRecord r;
   r.step = step_;
+  r.padded_replayed = replay;
   r.expert_exchanges = rows_after.fits - rows_before.fits;
   r.expert_overflows = rows_after.overflows - rows_before.overflows;
   if (r.expert_overflows > 0)
@@ -482,6 +536,7 @@ void Trainer::log_step(const StepRecord& r, double elapsed, int64_t steps_since)
                                     fault_->skipped_steps());
   }
   if (r.expert_exchanges > 0) m.extra["moe.capacity_overflows"] = double(r.expert_overflows);
+  if (ep_overflow_.defined()) m.extra["moe.padded_replays"] = double(padded_replays_);
   metrics_->log(m);
 }
 

@@ -40,6 +40,9 @@ struct StepRecord {
   // planned ([parallelism] expert_capacity_factor; handled dropless, graph/row_capacity.h).
   int64_t expert_exchanges = 0;
   int64_t expert_overflows = 0;
+  // [parallelism] expert_exchange = "padded": the step was redone synced because some rank's
+  // padded blocks or slots overflowed (comm/ep_padded.h).
+  bool padded_replayed = false;
 };
 
 // One MoE layer's expert load over the last optimizer step (global over data-parallel ranks).
@@ -100,6 +103,12 @@ class Trainer {
   void log_startup() const;
   void start_checkpointing(const ParallelDims& dims);
   double read_step_loss();
+  void run_micro_batches();
+  // [parallelism] expert_exchange = "padded": true when a padded exchange of any rank overflowed
+  // in this step's micro-batches (one all-reduce and host wait per step, before the optimizer).
+  bool padded_exchange_overflowed();
+  // Redoes this step's micro-batches from `data_at` with the synced exchange (dropless).
+  void replay_step_synced(const TokenLoader::State& data_at);
   void log_step(const StepRecord& r, double elapsed, int64_t steps_since);
   HfRunContext hf_context();
 
@@ -137,6 +146,9 @@ class Trainer {
   ValueId tokens_ = kNoValue, labels_ = kNoValue, token_count_ = kNoValue, loss_ = kNoValue;
   ValueId loss_sum_ = kNoValue;
   Tensor loss_sum_buffer_, host_scalar_;
+  // The padded expert exchange's device overflow counter (undefined when synced) and its host copy.
+  Tensor ep_overflow_, host_overflow_;
+  int64_t padded_replays_ = 0;
   Tensor host_load_;  // staging for moe_load(): every MoE layer's counts, back to back
   int64_t accum_steps_ = 1, tokens_per_step_ = 0, step_ = 0;
   std::string dump_folder_;

@@ -38,7 +38,10 @@ Validator::Validator(const JobConfig& cfg, const GroupLayout* layout,
 
   StepGraphOptions o = options;
   o.overwrite_grads = false;
-  sg_ = build_forward_graph(cfg, layout, o, v.local_batch_size, v.seq_len);
+  // Synced expert exchange: a padded one could drop rows, and validation has no replay.
+  JobConfig synced = cfg;
+  synced.parallelism.expert_exchange = "synced";
+  sg_ = build_forward_graph(synced, layout, o, v.local_batch_size, v.seq_len);
   non_dp_ = sg_->plan->group_size(MeshGroup::kCp) * sg_->plan->group_size(MeshGroup::kTp);
   MT_CHECK_T(DataError, int64_t(loader_->max_token_id()) < sg_->model->vocab_size(),
              "[validation] dataset: token id {} is outside the model's vocabulary of {} ids ({})",

@@ -40,6 +40,9 @@ struct Options {
   std::vector<std::string> precisions;  // empty: the config's own mixed_precision_param
   bool expect_overflow = false;         // the layout's expert exchanges must exceed their plan
   bool compare_passes = false;
+  // "none", "some" or "all": how many steps the padded expert exchange must redo synced; "any":
+  // reported only (empty: neither).
+  std::string expect_replays;
   std::vector<std::string> overrides;
 };
 
@@ -77,6 +80,8 @@ Options parse(int argc, char** argv) {
       o.expect_overflow = true;
     else if (a == "--compare-passes")
       o.compare_passes = true;
+    else if (a == "--expect-replays")
+      o.expect_replays = argv[++i];
     else
       o.overrides.push_back(a);
   }
@@ -173,6 +178,18 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
   if (o.expect_overflow && overflows == 0) {
     ++f.failures;
     if (rank == 0) std::printf("expected exchanges over the planned capacity, found none\n");
+  }
+  // The padded exchange: steps redone synced (every rank redoes the same steps).
+  if (!o.expect_replays.empty()) {
+    const int64_t n = got.padded_replays;
+    if (rank == 0)
+      std::printf("padded expert exchange: %lld of %d steps redone synced (expected %s)\n",
+                  (long long)n, o.steps, o.expect_replays.c_str());
+    const bool ok = o.expect_replays == "none"   ? n == 0
+                    : o.expect_replays == "all"  ? n == o.steps
+                    : o.expect_replays == "some" ? n > 0 && n < o.steps
+                                                 : o.expect_replays == "any";
+    if (!ok) ++f.failures;
   }
   // Final parameters: rank 0 broadcasts each reference tensor; every rank checks its shard.
   const testing::ParamDiff pd = testing::compare_params(dist, ref_trainer.get(), host_comm, host);

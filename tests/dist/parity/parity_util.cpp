@@ -36,6 +36,7 @@ RunResult run_steps(Trainer& t, int steps) {
     r.grad_norm.push_back(rec.grad_norm);
     r.expert_exchanges += rec.expert_exchanges;
     r.expert_overflows += rec.expert_overflows;
+    r.padded_replays += rec.padded_replayed;
   }
   t.wait_for_checkpoint();
   return r;

@@ -18,6 +18,7 @@ JobConfig harness_job(int steps, const std::vector<std::vector<std::string>>& ov
 struct RunResult {
   std::vector<double> loss, grad_norm;
   int64_t expert_exchanges = 0, expert_overflows = 0;  // this rank's, over the steps
+  int64_t padded_replays = 0;  // steps redone synced ([parallelism] expert_exchange = "padded")
 };
 // `steps` steps, each read back; then waits for a checkpoint save in flight.
 RunResult run_steps(Trainer& t, int steps);
