@@ -112,6 +112,38 @@ TEST(ExecutorStreams, ConsumerOnAnotherStreamWaitsForItsProducer) {
   EXPECT_EQ(ex.tensor(c).data<float>()[0], 6.0f);
 }
 
+TEST(ExecutorStreams, RunsBackToBackAreOrderedAsWholesOnStreamZero) {
+  // Two runs of producer [s1] -> consumer [s0]: the second run's producer must not start before
+  // the first run's work on stream 0 (it would overwrite arena bytes still read there), and
+  // stream 0 must not go on before the first run's stream-1 work ends.
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", {Shape{64}, DType::kF32});
+  ValueId a = b.op1("scale", {x}, {{"factor", 2.0}, {"tag", "producer"}});
+  g.node(g.value(a).producer).stream = 1;
+  ValueId c = b.op1("scale", {a}, {{"factor", 3.0}, {"tag", "consumer"}});
+  g.mark_output(c);
+  Log log;
+  RecBackend be(log);
+  Executor ex(g, plan_memory(g, DeviceType::kCPU), be, nullptr);
+  ex.prepare();
+  LogObserver obs(log);
+  ex.set_observer(&obs);
+  ex.run();
+  ex.run();
+  // Events: e0 orders producer -> consumer; e1 marks a run's start on s0; e2 s1's end.
+  std::vector<std::string> want = {"record e1 s0", "wait e1 s1", "run producer s1",
+                                   "record e0 s1", "wait e0 s0", "run consumer s0",
+                                   "record e2 s1", "wait e2 s0"};
+  std::vector<std::string> got;
+  for (const std::string& l : log.lines)
+    if (l.rfind("record", 0) == 0 || l.rfind("wait", 0) == 0 || l.rfind("run", 0) == 0)
+      got.push_back(l);
+  std::vector<std::string> twice = want;
+  twice.insert(twice.end(), want.begin(), want.end());
+  EXPECT_EQ(got, twice);
+}
+
 TEST(ExecutorStreams, ArenaReuseAcrossStreamsWaitsForTheLastReader) {
   // t1 = scale(x) [s0]; r = scale(t1) [s1] (last reader of t1, on stream 1); t1's bytes are
   // then free, and t2 = scale(x) [s0], planned into them, must wait for r.

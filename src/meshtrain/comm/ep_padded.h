@@ -19,7 +19,7 @@
 // (host counts, dropless), so no result ever comes from a dropped row.
 //
 // The index rules are plain inline functions shared by the CPU kernels and the CUDA kernels
-// (ops/cuda/ep_padded.cu), so both backends compute the same maps.
+// (comm/cuda/ep_padded.cu), so both backends compute the same maps.
 #pragma once
 
 #include <cstddef>
@@ -137,7 +137,7 @@ MT_HOST_DEVICE inline int64_t ep_padded_overflows(const EpPaddedShape& s, const 
 }
 
 // The device work of the padded exchange, one table per backend (the CPU one in ep_padded.cpp,
-// the CUDA one in ops/cuda/ep_padded.cu). Pointers are the backend's memory; work is enqueued
+// the CUDA one in comm/cuda/ep_padded.cu). Pointers are the backend's memory; work is enqueued
 // on `stream`.
 struct EpPaddedKernels {
   // idx[d] = ep_padded_source(map, ...) for every destination row d.

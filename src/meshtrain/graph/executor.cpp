@@ -69,11 +69,6 @@ void Executor::prepare() {
   int max_stream = 0;
   for (NodeId id : plan_.schedule) max_stream = std::max(max_stream, graph_.node(id).stream);
   backend_.ensure_streams(max_stream + 1);
-  if (max_stream > 0) run_started_ = backend_.create_event(false);
-  for (int st = 1; st <= max_stream; ++st) {
-    side_streams_.push_back(&backend_.stream(st));
-    side_done_.push_back(backend_.create_event(false));
-  }
 
   // Position of each node in the schedule; producer of each value.
   std::vector<int> pos_of(size_t(graph_.num_nodes()), -1);
@@ -168,6 +163,12 @@ void Executor::prepare() {
   std::vector<KernelContext*> contexts;
   for (Step& s : steps_) contexts.push_back(&s.ctx);
   row_pools_ = std::make_unique<RowCapacityPools>(graph_, plan_, backend_, std::move(contexts));
+  // The events that order a run as a whole (see run()).
+  if (max_stream > 0) run_started_ = backend_.create_event(false);
+  for (int st = 1; st <= max_stream; ++st) {
+    side_streams_.push_back(&backend_.stream(st));
+    side_done_.push_back(backend_.create_event(false));
+  }
   prepared_ = true;
 }
 

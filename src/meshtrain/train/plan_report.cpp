@@ -158,7 +158,8 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
     build_optimizer_graph(og, layout_param_groups(*sg->plan), *sg->plan, adamw_params(cfg, accum),
                           load_balance_options(*sg->plan, groups));
     const MemoryPlan omp = plan_memory(og.graph, device_type);
-    r += "\n" + dump_step_graphs(sg->graph, mp, accum, og.graph, omp);
+    r += '\n';
+    r += dump_step_graphs(sg->graph, mp, accum, og.graph, omp);
   }
   return r;
 }
