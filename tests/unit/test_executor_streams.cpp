@@ -88,20 +88,33 @@ size_t find(const Log& log, const std::string& line) {
   return log.lines.size();
 }
 
-TEST(ExecutorStreams, ConsumerOnAnotherStreamWaitsForItsProducer) {
+// x -> producer = 2x [stream 1] -> consumer = 3 · producer [stream 0], prepared on a recording
+// backend whose log also records every node run.
+struct ProducerConsumer {
   Graph g;
-  Builder b(g);
-  ValueId x = b.input("x", {Shape{64}, DType::kF32});
-  ValueId a = b.op1("scale", {x}, {{"factor", 2.0}, {"tag", "producer"}});
-  g.node(g.value(a).producer).stream = 1;
-  ValueId c = b.op1("scale", {a}, {{"factor", 3.0}, {"tag", "consumer"}});
-  g.mark_output(c);
+  ValueId x = kNoValue, c = kNoValue;
   Log log;
-  RecBackend be(log);
-  Executor ex(g, plan_memory(g, DeviceType::kCPU), be, nullptr);
-  ex.prepare();
-  LogObserver obs(log);
-  ex.set_observer(&obs);
+  RecBackend be{log};
+  LogObserver obs{log};
+  std::unique_ptr<Executor> ex;
+  ProducerConsumer() {
+    Builder b(g);
+    x = b.input("x", {Shape{64}, DType::kF32});
+    ValueId a = b.op1("scale", {x}, {{"factor", 2.0}, {"tag", "producer"}});
+    g.node(g.value(a).producer).stream = 1;
+    c = b.op1("scale", {a}, {{"factor", 3.0}, {"tag", "consumer"}});
+    g.mark_output(c);
+    ex = std::make_unique<Executor>(g, plan_memory(g, DeviceType::kCPU), be, nullptr);
+    ex->prepare();
+    ex->set_observer(&obs);
+  }
+};
+
+TEST(ExecutorStreams, ConsumerOnAnotherStreamWaitsForItsProducer) {
+  ProducerConsumer pc;
+  Log& log = pc.log;
+  Executor& ex = *pc.ex;
+  const ValueId x = pc.x, c = pc.c;
   ex.tensor(x).data<float>()[0] = 1.0f;
   ex.run();
   size_t prod = find(log, "run producer s1"), rec = find(log, "record e0 s1");
@@ -116,21 +129,10 @@ TEST(ExecutorStreams, RunsBackToBackAreOrderedAsWholesOnStreamZero) {
   // Two runs of producer [s1] -> consumer [s0]: the second run's producer must not start before
   // the first run's work on stream 0 (it would overwrite arena bytes still read there), and
   // stream 0 must not go on before the first run's stream-1 work ends.
-  Graph g;
-  Builder b(g);
-  ValueId x = b.input("x", {Shape{64}, DType::kF32});
-  ValueId a = b.op1("scale", {x}, {{"factor", 2.0}, {"tag", "producer"}});
-  g.node(g.value(a).producer).stream = 1;
-  ValueId c = b.op1("scale", {a}, {{"factor", 3.0}, {"tag", "consumer"}});
-  g.mark_output(c);
-  Log log;
-  RecBackend be(log);
-  Executor ex(g, plan_memory(g, DeviceType::kCPU), be, nullptr);
-  ex.prepare();
-  LogObserver obs(log);
-  ex.set_observer(&obs);
-  ex.run();
-  ex.run();
+  ProducerConsumer pc;
+  pc.ex->run();
+  pc.ex->run();
+  const Log& log = pc.log;
   // Events: e0 orders producer -> consumer; e1 marks a run's start on s0; e2 s1's end.
   std::vector<std::string> want = {"record e1 s0", "wait e1 s1", "run producer s1",
                                    "record e0 s1", "wait e0 s0", "run consumer s0",
