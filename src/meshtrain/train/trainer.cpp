@@ -349,9 +349,12 @@ void Trainer::replay_step_synced(const TokenLoader::State& data_at) {
     log_warn(
         "step {}: {} padded expert blocks or slots held more rows than planned ([parallelism] "
         "expert_capacity_factor {}); redoing the step with the synced exchange (steps redone so "
-        "far: {} of {})",
+        "far: {} of {}){}",
         step_, int64_t(host_overflow_.data<float>()[0]), cfg_.parallelism.expert_capacity_factor,
-        padded_replays_, step_);
+        padded_replays_, step_,
+        padded_replays_ == 1 ? "; a redone step costs a second pass: raise the factor above the "
+                               "step lines' moe load max/mean, or use expert_exchange = \"synced\""
+                             : "");
   // Host sync: the first pass's last gradient reductions may still run on the communication
   // streams, which the zeroing below on stream 0 is not ordered after (a replay is rare).
   backend_->synchronize();
