@@ -60,25 +60,30 @@ MT_HOST_DEVICE inline int64_t ep_padded_rows(EpRowMap map, const EpPaddedShape& 
   }
 }
 
+// Rows this rank sends peer q: the counts of q's experts in groups [2, ep·el].
+MT_HOST_DEVICE inline int64_t ep_padded_rows_to_peer(const EpPaddedShape& s, const int32_t* groups,
+                                                     int64_t q) {
+  const int64_t E = int64_t(s.ep) * s.el;
+  int64_t n = 0;
+  for (int64_t e = 0; e < s.el; ++e) n += groups[E + q * s.el + e];
+  return n;
+}
+
 // The source row of destination row `d`, or -1 for a zero row. groups [2, ep·el] int32: this
 // rank's compact groups (row 0 start, row 1 count, by global expert); recv [ep, el] int32: the
 // rows this rank receives per (peer, local expert), i.e. the rows it sends back to each peer.
 MT_HOST_DEVICE inline int64_t ep_padded_source(EpRowMap map, const EpPaddedShape& s,
                                                const int32_t* groups, const int32_t* recv,
                                                int64_t d) {
-  const int64_t E = int64_t(s.ep) * s.el, S = s.block_rows, C = s.slot_rows;
+  const int64_t S = s.block_rows, C = s.slot_rows;
   switch (map) {
     case EpRowMap::kCompactToBlocks: {  // block q row r <- q's experts' compact rows
       const int64_t q = d / S, r = d % S;
-      int64_t n = 0;
-      for (int64_t e = 0; e < s.el; ++e) n += groups[E + q * s.el + e];
-      return r < n ? int64_t(groups[q * s.el]) + r : -1;
+      return r < ep_padded_rows_to_peer(s, groups, q) ? int64_t(groups[q * s.el]) + r : -1;
     }
     case EpRowMap::kBlocksToCompact: {  // compact row d <- its expert's peer block
       for (int64_t q = 0; q < s.ep; ++q) {
-        const int64_t base = groups[q * s.el];
-        int64_t n = 0;
-        for (int64_t e = 0; e < s.el; ++e) n += groups[E + q * s.el + e];
+        const int64_t base = groups[q * s.el], n = ep_padded_rows_to_peer(s, groups, q);
         if (d >= base && d < base + n) return d - base < S ? q * S + (d - base) : -1;
       }
       return -1;
@@ -118,15 +123,11 @@ MT_HOST_DEVICE inline int64_t ep_padded_source(EpRowMap map, const EpPaddedShape
 // sends (from groups), blocks it receives and slots of its experts (from recv). 0 = nothing lost.
 MT_HOST_DEVICE inline int64_t ep_padded_overflows(const EpPaddedShape& s, const int32_t* groups,
                                                   const int32_t* recv) {
-  const int64_t E = int64_t(s.ep) * s.el;
   int64_t over = 0;
   for (int64_t q = 0; q < s.ep; ++q) {
-    int64_t sent = 0, got = 0;
-    for (int64_t e = 0; e < s.el; ++e) {
-      sent += groups[E + q * s.el + e];
-      got += recv[q * s.el + e];
-    }
-    over += (sent > s.block_rows) + (got > s.block_rows);
+    int64_t got = 0;
+    for (int64_t e = 0; e < s.el; ++e) got += recv[q * s.el + e];
+    over += (ep_padded_rows_to_peer(s, groups, q) > s.block_rows) + (got > s.block_rows);
   }
   for (int64_t e = 0; e < s.el; ++e) {
     int64_t n = 0;

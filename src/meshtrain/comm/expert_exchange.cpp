@@ -148,8 +148,13 @@ void regroup(KernelContext& c, EpHost& h, char* exchange, char* local, size_t ro
     }
 }
 
-// The padded exchange's workspace: two blocks buffers [ep·S, D] (what is sent, what arrives),
-// then one index map of the largest of the three buffers.
+// The padded exchange's workspace follows the synced one (the peer-major buffer of `local_rows`
+// rows): two blocks buffers [ep·S, D] (what is sent, what arrives), then one index map of the
+// largest of the three buffers. Where it starts, for the workspace size and the kernel alike:
+size_t padded_part_offset(int64_t local_rows, size_t row_bytes) {
+  return (size_t(local_rows) * row_bytes + 255) / 256 * 256;
+}
+
 size_t padded_block_bytes(const EpPaddedShape& s, size_t row_bytes) {
   return (size_t(s.ep) * size_t(s.block_rows) * row_bytes + 255) / 256 * 256;
 }
@@ -165,19 +170,16 @@ size_t exchange_bytes(const std::vector<TensorMeta>& in, const std::vector<Tenso
   // Synced: the peer-major buffer, which never holds more rows than the local one. Padded: its
   // blocks and index map after it, apart, so that the scratch stays linear in the local rows
   // (the row-capacity pool grows it for a synced replay along that line).
-  size_t bytes = local.nbytes();
   const int64_t block_rows = a.i("block_rows", 0);
-  if (block_rows > 0) {
-    const TensorMeta& compact = to_experts ? in.at(0) : out.at(0);
-    const int64_t D = local.shape[1];
-    const EpPaddedShape s{.ep = int(in.at(2).shape[0]),
-                          .el = in.at(2).shape[1],
-                          .block_rows = block_rows,
-                          .compact_rows = compact.shape[0]};
-    bytes = (bytes + 255) / 256 * 256 +
-            padded_workspace_bytes(s, local.shape[0], size_t(D) * dtype_size(local.dtype));
-  }
-  return bytes;
+  if (block_rows == 0) return local.nbytes();
+  const TensorMeta& compact = to_experts ? in.at(0) : out.at(0);
+  const size_t row_bytes = size_t(local.shape[1]) * dtype_size(local.dtype);
+  const EpPaddedShape s{.ep = int(in.at(2).shape[0]),
+                        .el = in.at(2).shape[1],
+                        .block_rows = block_rows,
+                        .compact_rows = compact.shape[0]};
+  return padded_part_offset(local.shape[0], row_bytes) +
+         padded_workspace_bytes(s, local.shape[0], row_bytes);
 }
 
 // Rows [n, D] of the workspace from byte `at`. Made on the first run; when the workspace moves
@@ -216,7 +218,7 @@ void padded_exchange(KernelContext& c, EpHost& h, Communicator& comm, ExchangeVi
   // The padded part of the workspace follows the synced one, sized for the planned local rows
   // (the count kernel has just put the buffers back at their plan).
   const int64_t local_rows = h.el * h.padded.slot_rows;
-  const size_t at = (size_t(local_rows) * row_bytes + 255) / 256 * 256;
+  const size_t at = padded_part_offset(local_rows, row_bytes);
   MT_CHECK(at + padded_workspace_bytes(h.padded, local_rows, row_bytes) <= c.workspace.nbytes(),
            "padded ep exchange: workspace of {} bytes, needs {}", c.workspace.nbytes(),
            at + padded_workspace_bytes(h.padded, local_rows, row_bytes));
@@ -286,8 +288,7 @@ KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* servi
   const int64_t align = node.attrs.i("alignment"), planned = node.attrs.i("capacity");
   const int64_t worst = node.attrs.i("worst_capacity");
   auto send = std::make_shared<Tensor>();
-  int32_t* local_groups_host = h->local.data<int32_t>();
-  return [h, group, align, planned, worst, send, local_groups_host](KernelContext& c) {
+  return [h, group, align, planned, worst, send](KernelContext& c) {
     Communicator& comm = c.services->comm(group);
     Backend& be = c.services->backend();
     MT_CHECK(comm.size() == h->ep, "ep_counts: the group has {} ranks, the graph {} peers",
@@ -313,7 +314,7 @@ KernelFn counts_kernel(const Node& node, const Graph& graph, ExecServices* servi
       if (c.capacity) c.capacity->fit(h->rows, worst);
       return;
     }
-    h->published->data = local_groups_host;
+    h->published->data = h->local.data<int32_t>();
     be.copy(h->send_counts.raw(), send->raw(), size_t(E) * 4, CopyKind::kDeviceToHost, *c.stream);
     comm.all_to_all_v(*send, h->ones, c.out[0], h->ones, *c.stream);
     be.copy(h->recv.raw(), c.out[0].raw(), h->recv.nbytes(), CopyKind::kDeviceToHost, *c.stream);
