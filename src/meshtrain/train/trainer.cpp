@@ -360,7 +360,8 @@ void Trainer::replay_step_synced(const TokenLoader::State& data_at) {
   backend_->synchronize();
   Stream& s = backend_->stream(0);
   // Everything the micro-batches accumulated goes back to zero: the loss, the gradients (when
-  // several micro-batches add into them), the routed-token counters of the bias update.
+  // several micro-batches add into them), the routed-token counters of the bias update. (The
+  // counters' views and the warning above allocate on the host: only in a redone step.)
   backend_->fill_zero(loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(), s);
   if (accum_steps_ > 1)
     for (ParamGroup& g : store_->groups()) backend_->fill_zero(g.grad.raw(), g.grad.nbytes(), s);
