@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "meshtrain/checkpoint/hf_config.h"
-#include "meshtrain/comm/backends_info.h"
-#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/comm/collective_watchdog.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/core/version.h"
 #include "meshtrain/data/tokenize_dataset.h"
 #include "meshtrain/data/tokenizer.h"
+#include "meshtrain/launch/backends_info.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/train/convert.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/plan_report.h"

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/runtime/backend.h"
 #include "meshtrain/tensor/tensor.h"
 

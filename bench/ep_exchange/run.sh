@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The expert exchange with and without its host wait per MoE layer ([parallelism]
-# expert_exchange = synced | padded, comm/ep_padded.h), in one invocation: the DeepSeek-V3 debug
+# expert_exchange = synced | padded, moe/padded_exchange.h), in one invocation: the DeepSeek-V3 debug
 # model (local batch 4 × seq 128 per rank, 12 steps, step 12 profiled) on FSDP 2 + EP 2 and
 # FSDP 4 + EP 4, each exchange at capacity factor 3 (so that the padded one fits). Prints per
 # run: the mean step time over steps 3-12 (from the step lines' tokens/s: the same steps for

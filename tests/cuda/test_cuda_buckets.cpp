@@ -6,9 +6,9 @@
 #include <gtest/gtest.h>
 
 #include "cuda_test_util.h"
-#include "meshtrain/comm/collective_ops.h"
 #include "meshtrain/comm/nccl/nccl_communicator.h"
 #include "meshtrain/ir/builder.h"
+#include "meshtrain/ops/collective_ops.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
 
 namespace meshtrain::cudatest {

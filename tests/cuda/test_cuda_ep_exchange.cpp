@@ -3,10 +3,10 @@
 // ep_counts published on the host (no copy, no wait of its own), and steps after the first
 // allocate nothing on the host or the device. A planned capacity below the load (capacity factor
 // 0.5, every token routed to one expert) takes the row-capacity pool: grown once, then reused,
-// and the result still matches the host oracle (dropless). The padded exchange (comm/ep_padded.h)
-// matches the oracle too, never waits on the host (a stream held by a sleeping host function
-// does not hold up the launches), counts what does not fit, and its CUDA index maps, gathers and
-// overflow counts equal the CPU kernels'.
+// and the result still matches the host oracle (dropless). The padded exchange
+// (moe/padded_exchange.h) matches the oracle too, never waits on the host (a stream held by a
+// sleeping host function does not hold up the launches), counts what does not fit, and its CUDA
+// index maps, gathers and overflow counts equal the CPU kernels'.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,12 +17,12 @@
 #include <thread>
 
 #include "cuda_test_util.h"
-#include "meshtrain/comm/expert_exchange.h"
 #include "meshtrain/comm/nccl/nccl_communicator.h"
 #include "meshtrain/graph/executor.h"
-#include "meshtrain/ops/grouped_matmul.h"
-#include "meshtrain/ops/moe_combine.h"
-#include "meshtrain/ops/moe_permute.h"
+#include "meshtrain/moe/combine.h"
+#include "meshtrain/moe/dispatch.h"
+#include "meshtrain/moe/expert_exchange.h"
+#include "meshtrain/moe/grouped_matmul.h"
 #include "meshtrain/runtime/cuda/cuda_backend.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "meshtrain/moe/cuda/expert_gemm.h"
 #include "meshtrain/ops/cuda/cublaslt_matmul.h"
-#include "meshtrain/ops/cuda/expert_gemm.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
 
 namespace meshtrain::cudatest {

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "cuda_test_util.h"
-#include "meshtrain/ops/cuda/load_balance_kernels.h"
+#include "meshtrain/moe/combine.h"
+#include "meshtrain/moe/cuda/load_balance_kernels.h"
+#include "meshtrain/moe/dispatch.h"
+#include "meshtrain/moe/grouped_matmul.h"
+#include "meshtrain/moe/load_balance.h"
+#include "meshtrain/moe/router.h"
 #include "meshtrain/ops/elementwise.h"
-#include "meshtrain/ops/grouped_matmul.h"
-#include "meshtrain/ops/load_balance.h"
-#include "meshtrain/ops/moe_combine.h"
-#include "meshtrain/ops/moe_permute.h"
-#include "meshtrain/ops/router.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
 #include "op_harness.h"
 

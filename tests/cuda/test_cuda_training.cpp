@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/comm/bootstrap.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/trainer.h"
 

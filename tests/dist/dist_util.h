@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/runtime/backend.h"
 #include "meshtrain/tensor/tensor.h"
 

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <string>
 
-#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/runtime/backend.h"
 #include "meshtrain/tensor/tensor.h"
 

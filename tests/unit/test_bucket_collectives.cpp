@@ -9,10 +9,10 @@
 #include <map>
 #include <set>
 
-#include "meshtrain/comm/collective_ops.h"
 #include "meshtrain/graph/graph_dump.h"
 #include "meshtrain/graph/memory_plan.h"
-#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/ops/collective_ops.h"
+#include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/runtime/backend.h"
 #include "meshtrain/train/step_graph.h"
 
@@ -20,7 +20,7 @@ namespace meshtrain {
 namespace {
 
 struct Built {
-  std::unique_ptr<MeshGroups> groups;
+  std::unique_ptr<RankGroups> groups;
   std::unique_ptr<StepGraph> sg;
 };
 
@@ -31,7 +31,7 @@ Built deepseek_fsdp4_ep2(const std::vector<std::string>& extra, int rank = 0) {
   JobConfig cfg =
       parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/deepseek_v3_debug.toml", o);
   Built b;
-  b.groups = std::make_unique<MeshGroups>(MeshLayout(parallel_dims_of(cfg, 4)), rank);
+  b.groups = std::make_unique<RankGroups>(MeshLayout(parallel_dims_of(cfg, 4)), rank);
   b.sg = build_step_graph(cfg, b.groups.get(), StepGraphOptions{.tokenizer_vocab = 258});
   return b;
 }
@@ -94,7 +94,7 @@ TEST(BucketCollectives, HsdpReplicaAllReducesAreBucketedPerBlock) {
     JobConfig cfg =
         parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/deepseek_v3_debug.toml", o);
     Built b;
-    b.groups = std::make_unique<MeshGroups>(MeshLayout(parallel_dims_of(cfg, 8)), 0);
+    b.groups = std::make_unique<RankGroups>(MeshLayout(parallel_dims_of(cfg, 8)), 0);
     b.sg = build_step_graph(cfg, b.groups.get(), StepGraphOptions{.tokenizer_vocab = 258});
     return b;
   };

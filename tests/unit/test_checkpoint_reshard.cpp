@@ -1,4 +1,4 @@
-// Resharding at the store level, every rank of a layout simulated in one process (MeshGroups of
+// Resharding at the store level, every rank of a layout simulated in one process (RankGroups of
 // a MeshLayout, as `meshtrain plan` does): save on one layout, load on another, and every master
 // and moment equals the same slice of the seeded global tensor, padding zero. Covers uneven FSDP
 // padding, TP column/row slices, EP, ETP, dim-1 expert shards, HSDP replicas written once, whole
@@ -7,7 +7,7 @@
 
 #include "meshtrain/checkpoint/load.h"
 #include "meshtrain/checkpoint/save.h"
-#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/runtime/backend.h"
 #include "test_support.h"
 
@@ -20,7 +20,7 @@ using testing::error_message;
 constexpr uint64_t kSeed = 11;
 
 struct FakeRank {
-  std::unique_ptr<MeshGroups> groups;
+  std::unique_ptr<RankGroups> groups;
   Graph graph;
   std::unique_ptr<ParallelPlan> plan;
   std::unique_ptr<ParamStore> store;
@@ -34,7 +34,7 @@ std::vector<std::unique_ptr<FakeRank>> make_layout(ParallelDims dims, Backend& c
   std::vector<std::unique_ptr<FakeRank>> ranks;
   for (int r = 0; r < dims.world; ++r) {
     auto f = std::make_unique<FakeRank>();
-    f->groups = std::make_unique<MeshGroups>(layout, r);
+    f->groups = std::make_unique<RankGroups>(layout, r);
     f->plan = std::make_unique<ParallelPlan>(PlanConfig{}, f->groups.get());
     Builder b(f->graph);
     ParallelPlan& p = *f->plan;

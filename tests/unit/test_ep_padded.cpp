@@ -1,4 +1,4 @@
-// The padded expert exchange's index maps (comm/ep_padded.h) on the CPU kernels, over EP ranks
+// The padded expert exchange's index maps (moe/padded_exchange.h) on the CPU kernels, over EP ranks
 // simulated in one process (the all_to_all is a block transpose here): rows reach the slot of
 // their expert in peer order, come back to the row they left, and rows that do not fit are
 // counted, never read or written out of bounds. The sizes the builder plans are checked too.
@@ -7,7 +7,7 @@
 #include <numeric>
 #include <random>
 
-#include "meshtrain/comm/expert_exchange.h"
+#include "meshtrain/moe/expert_exchange.h"
 #include "meshtrain/runtime/backend.h"
 #include "test_support.h"
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/train/step_graph.h"
 #include "meshtrain/train/trainer.h"
 #include "test_support.h"
@@ -18,8 +18,8 @@ const std::vector<std::string> kDs = {"--model.name",   "deepseek_v3", "--model.
 std::unique_ptr<StepGraph> ds_graph(int world, std::vector<std::string> extra, int rank = 0) {
   extra.insert(extra.end(), kDs.begin(), kDs.end());
   JobConfig cfg = testing::tiny_job(extra);
-  static std::vector<std::unique_ptr<MeshGroups>> keep;
-  keep.push_back(std::make_unique<MeshGroups>(MeshLayout(parallel_dims_of(cfg, world)), rank));
+  static std::vector<std::unique_ptr<RankGroups>> keep;
+  keep.push_back(std::make_unique<RankGroups>(MeshLayout(parallel_dims_of(cfg, world)), rank));
   return build_step_graph(cfg, keep.back().get(), StepGraphOptions{.tokenizer_vocab = 258});
 }
 

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "meshtrain/graph/memory_plan.h"
-#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/train/step_graph.h"
 #include "test_support.h"
 
@@ -23,8 +23,8 @@ std::unique_ptr<StepGraph> graph_for(int world, const std::vector<std::string>& 
   ParallelDims dims;
   dims.dp_shard = world;
   dims.world = world;
-  static std::vector<std::unique_ptr<MeshGroups>> keep;  // the plan keeps a pointer
-  keep.push_back(std::make_unique<MeshGroups>(MeshLayout(dims), rank));
+  static std::vector<std::unique_ptr<RankGroups>> keep;  // the plan keeps a pointer
+  keep.push_back(std::make_unique<RankGroups>(MeshLayout(dims), rank));
   return build_step_graph(cfg, keep.back().get(), StepGraphOptions{.tokenizer_vocab = 258});
 }
 
@@ -104,7 +104,7 @@ TEST(Placement, ParametersCarryTheirPlacementsPerGroup) {
                                      "--parallelism.data_parallel_shard_degree", "2",
                                      "--compile.graph_passes", "none"});
   ParallelDims dims = parallel_dims_of(cfg, 4);
-  MeshGroups groups{MeshLayout(dims), 3};
+  RankGroups groups{MeshLayout(dims), 3};
   auto sg = build_step_graph(cfg, &groups, StepGraphOptions{.tokenizer_vocab = 258});
   const ParamInfo& p = sg->plan->info("output.weight");
   EXPECT_EQ(p.placement_string(), "fsdp: Shard(0), dp_replicate: Replicate()");

@@ -7,9 +7,9 @@
 #include <map>
 #include <string>
 
-#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/gpu_sharing.h"
+#include "meshtrain/launch/bootstrap.h"
 
 using namespace meshtrain;
 

@@ -2,9 +2,9 @@
 // (kind, mesh group), and node lines with dtype, shape, memory place, stream and group.
 #include <gtest/gtest.h>
 
-#include "meshtrain/comm/collective_ops.h"
 #include "meshtrain/graph/graph_dump.h"
 #include "meshtrain/graph/passes/assign_streams.h"
+#include "meshtrain/ops/collective_ops.h"
 #include "meshtrain/ops/elementwise.h"
 #include "test_support.h"
 

@@ -16,7 +16,7 @@
 #include "meshtrain/checkpoint/hf_export.h"
 #include "meshtrain/checkpoint/hf_io.h"
 #include "meshtrain/checkpoint/safetensors.h"
-#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/train/step_graph.h"
 #include "test_support.h"
 
@@ -31,7 +31,7 @@ const std::vector<std::string> kDs = {"--model.name", "deepseek_v3",      "--mod
 
 // One (virtual) rank of a run: its graph, plan and CPU parameter store.
 struct RankRun {
-  std::unique_ptr<MeshGroups> groups;
+  std::unique_ptr<RankGroups> groups;
   std::unique_ptr<StepGraph> sg;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ParamStore> store;
@@ -50,7 +50,7 @@ struct RankRun {
 RankRun make_run(const JobConfig& cfg, int world = 1, int rank = 0, uint64_t seed = 11) {
   RankRun r;
   if (world > 1)
-    r.groups = std::make_unique<MeshGroups>(MeshLayout(parallel_dims_of(cfg, world)), rank);
+    r.groups = std::make_unique<RankGroups>(MeshLayout(parallel_dims_of(cfg, world)), rank);
   r.sg = build_step_graph(cfg, r.groups.get(), {.tokenizer_vocab = 258});
   r.backend = create_backend("cpu", 0);
   r.store = std::make_unique<ParamStore>(*r.sg->plan, *r.backend);

@@ -7,10 +7,10 @@
 #include <cmath>
 
 #include "gradcheck.h"
-#include "meshtrain/ops/grouped_matmul.h"
-#include "meshtrain/ops/moe_combine.h"
-#include "meshtrain/ops/moe_permute.h"
-#include "meshtrain/ops/router.h"
+#include "meshtrain/moe/combine.h"
+#include "meshtrain/moe/dispatch.h"
+#include "meshtrain/moe/grouped_matmul.h"
+#include "meshtrain/moe/router.h"
 #include "meshtrain/ops/swiglu.h"
 #include "test_support.h"
 

@@ -5,7 +5,7 @@
 
 #include "gradcheck.h"
 #include "meshtrain/graph/executor.h"
-#include "meshtrain/ops/load_balance.h"
+#include "meshtrain/moe/load_balance.h"
 
 namespace meshtrain {
 namespace {

@@ -7,8 +7,8 @@
 #include <cmath>
 
 #include "gradcheck.h"
-#include "meshtrain/ops/moe_combine.h"
-#include "meshtrain/ops/moe_permute.h"
+#include "meshtrain/moe/combine.h"
+#include "meshtrain/moe/dispatch.h"
 #include "test_support.h"
 
 namespace meshtrain {

@@ -9,7 +9,7 @@
 #include <numeric>
 
 #include "gradcheck.h"
-#include "meshtrain/ops/router.h"
+#include "meshtrain/moe/router.h"
 #include "test_support.h"
 
 namespace meshtrain {

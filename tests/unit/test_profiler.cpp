@@ -8,8 +8,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "meshtrain/comm/collective_ops.h"
 #include "meshtrain/graph/passes/assign_streams.h"
+#include "meshtrain/ops/collective_ops.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/train/trainer.h"
 #include "test_support.h"

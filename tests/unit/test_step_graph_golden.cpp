@@ -16,7 +16,7 @@
 #include <fstream>
 
 #include "meshtrain/graph/memory_plan.h"
-#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/train/step_graph.h"
 
 namespace meshtrain {
@@ -60,7 +60,7 @@ Fingerprint fingerprint(const std::string& config, int world, int rank,
   const char* root = MT_TEST_SOURCE_DIR;
   JobConfig cfg = parse_job_config(std::string(root) + "/configs/" + config, overrides);
   MeshLayout layout(parallel_dims_of(cfg, world));
-  MeshGroups groups(layout, rank);
+  RankGroups groups(layout, rank);
   auto sg = build_step_graph(cfg, &groups, StepGraphOptions{.tokenizer_vocab = 258});
   MemoryPlan mp = plan_memory(sg->graph, DeviceType::kCPU);
   const std::string text = canonical(sg->graph, mp);

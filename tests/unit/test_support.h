@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/train/job_config.h"
 
 namespace meshtrain::testing {

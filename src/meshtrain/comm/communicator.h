@@ -19,6 +19,14 @@ namespace meshtrain {
 enum class ReduceOp : uint8_t { kSum, kMax, kMin };
 const char* reduce_op_name(ReduceOp op);
 
+// How long communicator backends that detect hangs (nccl) wait: for communicator creation and
+// splits, and for any collective a host wait depends on. [comm] init_timeout_seconds and
+// train_timeout_seconds; the defaults are the config's.
+struct CommTimeouts {
+  double init_seconds = 300;
+  double train_seconds = 100;
+};
+
 // Completion of one collective. Default-constructed Work is already complete (synchronous
 // backends). A device backend sets `event`, recorded on the stream after the collective.
 struct Work {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/communicator.h"
 #include "meshtrain/ir/ir.h"
 #include "meshtrain/runtime/backend.h"
 #include "meshtrain/tensor/tensor.h"
@@ -15,7 +16,6 @@
 namespace meshtrain {
 
 class Builder;
-class Communicator;
 
 // What a backward rule sees: the forward node, the gradients of its outputs (kNoValue where an
 // output has no gradient) and which inputs need one. It returns one entry per input.
@@ -71,7 +71,7 @@ struct OpDef {
   // rows follow the source that produced that input (planned at attr "capacity").
   bool capacity_source = false;
   int capacity_from_input = -1;
-  // >= 0: the kernel also publishes that output on the host (ops/host_published.h).
+  // >= 0: the kernel also publishes that output on the host (moe/host_counts.h).
   int host_published_output = -1;
   bool is_collective() const { return collective != Collective::kNone; }
 };

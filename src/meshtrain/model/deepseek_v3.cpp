@@ -8,10 +8,10 @@
 #include <cmath>
 
 #include "meshtrain/model/layers.h"
+#include "meshtrain/moe/load_balance.h"
 #include "meshtrain/ops/cross_entropy.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/embedding.h"
-#include "meshtrain/ops/load_balance.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/rmsnorm.h"
 

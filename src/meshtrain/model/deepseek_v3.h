@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "meshtrain/model/model.h"
+#include "meshtrain/moe/router.h"
 #include "meshtrain/ops/rope.h"
-#include "meshtrain/ops/router.h"
 
 namespace meshtrain {
 

@@ -3,9 +3,9 @@
 
 #include <cmath>
 
-#include "meshtrain/comm/collective_ops.h"
+#include "meshtrain/moe/load_balance.h"
+#include "meshtrain/ops/collective_ops.h"
 #include "meshtrain/ops/elementwise.h"
-#include "meshtrain/ops/load_balance.h"
 
 namespace meshtrain {
 

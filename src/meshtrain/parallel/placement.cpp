@@ -1,7 +1,7 @@
 // Placement names and redistribution through the collective graph ops.
 #include "meshtrain/parallel/placement.h"
 
-#include "meshtrain/comm/collective_ops.h"
+#include "meshtrain/ops/collective_ops.h"
 
 namespace meshtrain {
 

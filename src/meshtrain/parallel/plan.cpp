@@ -5,8 +5,8 @@
 // so autodiff produces: pad → cast(reduce) → reduce_scatter(fsdp) → all_reduce(dp_replicate).
 #include "meshtrain/parallel/plan.h"
 
-#include "meshtrain/comm/collective_ops.h"
-#include "meshtrain/comm/expert_exchange.h"
+#include "meshtrain/moe/expert_exchange.h"
+#include "meshtrain/ops/collective_ops.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/parallel/group_layout.h"

@@ -77,10 +77,10 @@ struct PlanConfig {
       DType::kF32;  // what the model computes with ([training] mixed_precision_param)
   DType reduce_dtype = DType::kF32;  // gradient reductions ([training] mixed_precision_reduce)
   // Rows an EP rank's expert buffers are planned for, as a multiple of the rows it routes
-  // ([parallelism] expert_capacity_factor; see comm/expert_exchange.h).
+  // ([parallelism] expert_capacity_factor; see moe/expert_exchange.h).
   double expert_capacity_factor = kDefaultExpertCapacityFactor;
   // [parallelism] expert_exchange = "padded": the exchange without a host wait
-  // (comm/ep_padded.h).
+  // (moe/padded_exchange.h).
   bool expert_exchange_padded = false;
 };
 
@@ -90,7 +90,7 @@ struct ExpertRows {
   ValueId x = kNoValue;
   ValueId groups = kNoValue;
   ValueId recv_counts = kNoValue;  // set after to_local_experts: the exchange's layout
-  int64_t block_rows = 0;          // > 0: the exchange may run padded (comm/ep_padded.h)
+  int64_t block_rows = 0;          // > 0: the exchange may run padded (moe/padded_exchange.h)
 };
 
 class ParallelPlan {

@@ -121,7 +121,7 @@ struct ParallelismSection {
   int expert_parallel_degree = 1;
   int expert_tensor_parallel_degree = 1;
   double expert_capacity_factor = kDefaultExpertCapacityFactor;
-  std::string expert_exchange = "synced";  // "synced" | "padded" (comm/ep_padded.h)
+  std::string expert_exchange = "synced";  // "synced" | "padded" (moe/padded_exchange.h)
 };
 
 struct ActivationCheckpointSection {

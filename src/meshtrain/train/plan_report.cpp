@@ -8,7 +8,7 @@
 #include "meshtrain/graph/memory_plan.h"
 #include "meshtrain/ir/op_registry.h"
 #include "meshtrain/model/counting.h"
-#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/train/cost_model.h"
 #include "meshtrain/train/step_graph.h"
 #include "meshtrain/train/torchtitan_assets.h"
@@ -44,7 +44,7 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
              "plan: --rank {} must be in [0, --world {})", rank, world);
   ParallelDims dims = parallel_dims_of(cfg, world);
   MeshLayout layout(dims);
-  MeshGroups groups(layout, rank);
+  RankGroups groups(layout, rank);
   const std::string device = resolve_device(cfg.job.device);
   const DeviceType device_type = device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;
   StepGraphOptions so;

@@ -8,11 +8,11 @@
 #include <fstream>
 
 #include "meshtrain/comm/collective_watchdog.h"
-#include "meshtrain/comm/expert_exchange.h"
 #include "meshtrain/core/gpu_sharing.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/data/parallel_encode.h"
-#include "meshtrain/parallel/mesh_groups.h"
+#include "meshtrain/moe/expert_exchange.h"
+#include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/train/step_graph.h"
 #include "meshtrain/train/tensorboard.h"
 #include "meshtrain/train/torchtitan_assets.h"
@@ -91,7 +91,7 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
   // Mesh: one communicator per named group, over the world communicator of this device's backend.
   ParallelDims dims = parallel_dims_of(cfg_, world_size_);
   mesh_ = std::make_unique<DeviceMesh>(world, dims);
-  layout_ = std::make_unique<MeshGroups>(mesh_->layout(), mesh_->rank());
+  layout_ = std::make_unique<RankGroups>(mesh_->layout(), mesh_->rank());
   services_ = std::make_unique<Services>(*backend_, *mesh_);
   const int dp = mesh_->size(MeshGroup::kDp), dp_rank = mesh_->coord(MeshGroup::kDp);
 

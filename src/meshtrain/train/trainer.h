@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "meshtrain/checkpoint/manager.h"
-#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/graph/executor.h"
 #include "meshtrain/graph/passes/activation_checkpoint.h"
 #include "meshtrain/graph/passes/reshard_after_forward.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/model/counting.h"
 #include "meshtrain/model/model.h"
 #include "meshtrain/optim/lr_schedule.h"
@@ -41,7 +41,7 @@ struct StepRecord {
   int64_t expert_exchanges = 0;
   int64_t expert_overflows = 0;
   // [parallelism] expert_exchange = "padded": the step was redone synced because some rank's
-  // padded blocks or slots overflowed (comm/ep_padded.h).
+  // padded blocks or slots overflowed (moe/padded_exchange.h).
   bool padded_replayed = false;
 };
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "../parity/parity_util.h"
-#include "meshtrain/comm/bootstrap.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/train/trainer.h"
 
 using namespace meshtrain;

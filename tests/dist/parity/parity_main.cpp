@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/core/logging.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/train/trainer.h"
 #include "parity_util.h"
 

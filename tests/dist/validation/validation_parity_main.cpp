@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/comm/bootstrap.h"
+#include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/train/validator.h"
 

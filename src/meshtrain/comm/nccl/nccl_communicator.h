@@ -31,7 +31,6 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/comm/bootstrap.h"
 #include "meshtrain/comm/communicator.h"
 
 namespace meshtrain {

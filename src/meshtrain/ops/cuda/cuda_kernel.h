@@ -1,7 +1,8 @@
-// Helpers shared by the CUDA kernels (included by ops/cuda/*.cu only): typed pointers from a
-// KernelContext, the stream, launch sizing, the device scalar types behind DType, float
-// conversions, block reductions, and a device-side check that survives NDEBUG. Rule: kernels
-// compute in float (double for float64 tensors) and round once, when they store.
+// Helpers shared by the CUDA kernels (included by the .cu files of ops/cuda/ and moe/cuda/
+// only): typed pointers from a KernelContext, the stream, launch sizing, the device scalar types
+// behind DType, float conversions, block reductions, and a device-side check that survives
+// NDEBUG. Rule: kernels compute in float (double for float64 tensors) and round once, when they
+// store.
 #pragma once
 
 // MT_DEVICE_CHECK calls __assert_fail, which glibc's <assert.h> declares only without NDEBUG
