@@ -115,8 +115,11 @@ class GraphBuilder {
   cudnnBackendDescriptor_t virt(cudnnDataType_t dt, const Dims& dims, const Dims& strides) {
     return tensor(next_virtual_++, dt, dims, strides, true);
   }
+  // A by-value fp32 scalar: one descriptor per UID however many operations read it.
   cudnnBackendDescriptor_t scalar(int64_t uid) {
-    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+    auto it = scalars_.find(uid);
+    if (it != scalars_.end()) return it->second;
+    return scalars_[uid] = tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
   }
 
   void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
@@ -193,6 +196,7 @@ class GraphBuilder {
   }
   std::vector<Desc> keep_;
   std::vector<cudnnBackendDescriptor_t> op_handles_;
+  std::map<int64_t, cudnnBackendDescriptor_t> scalars_;
   int64_t next_virtual_ = kFirstVirtual;
 };
 
@@ -383,14 +387,13 @@ void finalize_plan(cudnnHandle_t handle, GraphBuilder& g, Plan& plan, const char
         failures += fmt::format(" [config {}: {}]", i, last);
         continue;
       }
-      int64_t ws = 0;
+      int64_t ws = 0, n = 0;
       MT_CUDNN(cudnnBackendGetAttribute(p.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                        CUDNN_TYPE_INT64, 1, &got, &ws),
+                                        CUDNN_TYPE_INT64, 1, &n, &ws),
                "CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE");
       // The engine behind the config: its global index and whether it is nondeterministic.
       Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
       auto* ed = engine.get();
-      int64_t n = 0;
       MT_CUDNN(cudnnBackendGetAttribute(raw[size_t(i)], CUDNN_ATTR_ENGINECFG_ENGINE,
                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &ed),
                "CUDNN_ATTR_ENGINECFG_ENGINE");
