@@ -349,11 +349,8 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  CUDA_CHECK(cudaSetDevice(0));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  cudaStream_t st;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaDeviceProp prop;
+  cudaStream_t st = open_device0(prop);
   std::printf("bench_attention_cudnn: %s, %d SMs, cuDNN %lld (loaded)\n", prop.name,
               prop.multiProcessorCount, (long long)cuda::cudnn_attention_version());
   std::printf("correctness: rel = ‖out−ref‖/‖ref‖; outputs NaN-poisoned before every run\n");
