@@ -319,6 +319,32 @@ void time_config(const Options& o, int64_t dqk, int64_t dv, cudaStream_t st) {
       [&] { p.cudnn_bwd(ws, st, cuda::CudnnBwdMode::kAtomic); });
   CUDA_CHECK(cudaStreamSynchronize(st));
   print_errors("full size: cuDNN (det.)", "meshtrain", cd, mt);
+  // Forward then backward, as a training step runs them (FLOPs 3.5 × forward).
+  row("meshtrain (mma.sync)", "fwd+bwd", f_fwd + f_bwd, [&] {
+    p.meshtrain_fwd(st);
+    p.meshtrain_bwd(st);
+  });
+  row("cuDNN deterministic", "fwd+bwd", f_fwd + f_bwd, [&] {
+    p.cudnn_fwd(ws, st);
+    p.cudnn_bwd(ws, st, cuda::CudnnBwdMode::kDeterministic);
+  });
+  // Repeatability at full size: the backward again from the same inputs, bitwise.
+  for (auto mode : {cuda::CudnnBwdMode::kDeterministic, cuda::CudnnBwdMode::kAtomic}) {
+    p.cudnn_bwd(ws, st, mode);
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    const auto dq0 = raw(p.dq), dk0 = raw(p.dk), dv0 = raw(p.dv);
+    int equal = 0;
+    const int repeats = 5;
+    for (int r = 0; r < repeats; ++r) {
+      poison({&p.dq, &p.dk, &p.dv});
+      p.cudnn_bwd(ws, st, mode);
+      CUDA_CHECK(cudaStreamSynchronize(st));
+      equal += raw(p.dq) == dq0 && raw(p.dk) == dk0 && raw(p.dv) == dv0;
+    }
+    std::printf("    full size: cuDNN %s backward: %d of %d repeats bitwise equal\n",
+                mode == cuda::CudnnBwdMode::kDeterministic ? "deterministic" : "atomic dQ", equal,
+                repeats);
+  }
 }
 
 Options parse(int argc, char** argv) {
