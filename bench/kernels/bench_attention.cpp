@@ -191,11 +191,8 @@ void run_config(const Options& o, const Config& c, double ceiling, cudaStream_t 
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  CUDA_CHECK(cudaSetDevice(0));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  cudaStream_t stream;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaDeviceProp prop;
+  cudaStream_t stream = open_device0(prop);
   const double ceiling = measure_gemm_ceiling(o, stream);
   std::printf("bench_attention: %s, %d SMs; median of %d after %d warm-up (CUDA events)\n",
               prop.name, prop.multiProcessorCount, o.iters, o.warmup);

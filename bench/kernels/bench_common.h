@@ -64,4 +64,14 @@ inline Timing time_it(const std::function<void()>& fn, cudaStream_t stream, int 
 
 inline double tflops(double flop, double ms) { return flop / (ms * 1e-3) / 1e12; }
 
+// Device 0 made current, its properties in `prop`, and a non-blocking stream for the benchmark.
+inline cudaStream_t open_device0(cudaDeviceProp& prop) {
+  CUDA_CHECK(cudaSetDevice(0));
+  prop = cudaDeviceProp{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
 }  // namespace meshtrain::bench

@@ -146,15 +146,12 @@ Row measure(const Shape3& s, const Options& o, cudaStream_t stream, cublasHandle
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  CUDA_CHECK(cudaSetDevice(0));
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaDeviceProp prop;
+  cudaStream_t stream = open_device0(prop);
   std::printf(
       "bench_gemm: %s, %d SMs, bf16 in / fp32 accumulate / bf16 out, FLOP = 2mnk, "
       "median of %d after %d warm-up (CUDA events)\n",
       prop.name, prop.multiProcessorCount, o.iters, o.warmup);
-  cudaStream_t stream;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasHandle_t blas;
   CUBLAS_CHECK(cublasCreate(&blas));
   CUBLAS_CHECK(cublasSetStream(blas, stream));

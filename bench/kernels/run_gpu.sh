@@ -7,7 +7,8 @@
 # Build machine:  ninja -C build-cuda meshtrain_cuda_tests bench_gemm bench_attention \
 #                   check_attention_layout && scripts/gpu_test.sh bundle
 # Carry:          build-cuda/tests/{meshtrain_cuda_tests,check_attention_layout},
-#                 build-cuda/bench/kernels/{bench_gemm,bench_attention}, build-cuda/bundle (when it exists),
+#                 build-cuda/bench/kernels/{bench_gemm,bench_attention[,bench_attention_cudnn]},
+#                 build-cuda/bundle (when it exists),
 #                 and the .cu.o objects below if you want the SASS check
 # GPU machine:    bench/kernels/run_gpu.sh            tests + benchmarks
 #                 SANITIZE=1 bench/kernels/run_gpu.sh also memcheck + racecheck, small attention
@@ -66,3 +67,8 @@ fi
 "$B/bench/kernels/bench_gemm" > "$OUT/bench_gemm.txt" 2>&1
 "$B/bench/kernels/bench_attention" > "$OUT/bench_attention.txt" 2>&1
 cat "$OUT/bench_gemm.txt" "$OUT/bench_attention.txt"
+# meshtrain's kernels against cuDNN's fused SDPA (built only where configure found cuDNN).
+if [ -x "$B/bench/kernels/bench_attention_cudnn" ]; then
+  "$B/bench/kernels/bench_attention_cudnn" > "$OUT/bench_attention_cudnn.txt" 2>&1
+  cat "$OUT/bench_attention_cudnn.txt"
+fi
