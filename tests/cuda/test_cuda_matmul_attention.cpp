@@ -397,18 +397,20 @@ AttnTol attn_tol(DType d) {
 }
 
 // out, lse and the fused backward (dout a graph input): exercises only the attention kernels.
-void check_attention(const AttnCase& c, DType dtype, uint64_t seed) {
+// `kernel` kAuto takes cuDNN where the build has it and it takes the case, kMeshtrain never.
+void check_attention(const AttnCase& c, DType dtype, uint64_t seed,
+                     ops::AttentionKernel kernel = ops::AttentionKernel::kAuto) {
   const std::vector<Host> in = attn_inputs(c, dtype, seed, true);
   BuildFn build = [&](Builder& b, const std::vector<ValueId>& x) {
-    ops::AttentionOutputs o = ops::attention(b, x[0], x[1], x[2], c.scale(), c.causal);
-    ops::AttentionGrads g =
-        ops::attention_backward(b, x[0], x[1], x[2], o.out, o.lse, x[3], c.scale(), c.causal);
+    ops::AttentionOutputs o = ops::attention(b, x[0], x[1], x[2], c.scale(), c.causal, kernel);
+    ops::AttentionGrads g = ops::attention_backward(b, x[0], x[1], x[2], o.out, o.lse, x[3],
+                                                    c.scale(), c.causal, kernel);
     return std::vector<ValueId>{o.out, o.lse, g.dq, g.dk, g.dv};
   };
   RunResult ref = run_graph("cpu", DType::kF64, in, build);
   RunResult got = run_graph("cuda", dtype, in, build);
-  const std::string what =
-      fmt::format("attention {} {} (seed {})", dtype_name(dtype), c.str(), seed);
+  const std::string what = fmt::format("attention {} {} kernels {} (seed {})", dtype_name(dtype),
+                                       c.str(), ops::attention_kernel_name(kernel), seed);
   const AttnTol tol = attn_tol(dtype);
   expect_close(got.outs[0], ref.outs[0], tol.out, what + " out");
   expect_abs(got.outs[1], ref.outs[1], tol.lse_abs, what + " lse");
@@ -443,7 +445,12 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
   } else {
     cases = {{1, 40, 2, 1, 64, 32, true}, {1, 19, 2, 2, 24, 40, false}};
   }
-  for (size_t i = 0; i < cases.size(); ++i) check_attention(cases[i], GetParam(), seed + i);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    check_attention(cases[i], GetParam(), seed + i);
+    // meshtrain's own kernels stay covered where auto picks cuDNN.
+    if (GetParam() == DType::kBF16)
+      check_attention(cases[i], GetParam(), seed + i, ops::AttentionKernel::kMeshtrain);
+  }
 }
 
 TEST_P(CudaAttention, BackwardThroughAutodiff) {
@@ -470,6 +477,27 @@ TEST_P(CudaAttention, BackwardThroughAutodiff) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAttention,
                          ::testing::Values(DType::kBF16, DType::kF32, DType::kF64),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// [model] attention_backend = "cudnn" insists: with cuDNN in the build it runs the equal-heads case
+// (matching the CPU) and refuses grouped kv heads naming the key; without cuDNN it refuses at once.
+TEST(CudaAttentionBackend, CudnnChoiceRunsOrSaysWhyNot) {
+  const uint64_t seed = fresh_seed();
+  const AttnCase equal{1, 256, 2, 2, 128, 128, true}, grouped{1, 256, 4, 2, 128, 128, true};
+  auto expect_refused = [&](const AttnCase& c, const std::string& needle) {
+    try {
+      check_attention(c, DType::kBF16, seed, ops::AttentionKernel::kCudnn);
+      ADD_FAILURE() << "attention_backend cudnn ran " << c.str();
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  if (cuda::attention_library() == nullptr) {
+    expect_refused(equal, "this build has no cuDNN");
+    return;
+  }
+  check_attention(equal, DType::kBF16, seed, ops::AttentionKernel::kCudnn);
+  expect_refused(grouped, "attention_backend = \"cudnn\", but cudnn refuses this node");
+}
 
 // Every compiled forward tile variant (bench_attention may promote any of them to the default)
 // against the CPU, through the raw launcher.

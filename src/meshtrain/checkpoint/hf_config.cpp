@@ -238,6 +238,7 @@ std::unique_ptr<Model> create_model_from_hf(const HfModelConfig& hf, const Model
     Llama3Args a = hf.llama;
     a.vocab_size = resolve_vocab(o, a.vocab_size);
     if (o.n_layers_override > 0) a.n_layers = o.n_layers_override;
+    a.attention_kernel = o.attention_kernel;
     return create_llama3(a, flavor);
   }
   DeepSeekV3Args a = hf.deepseek;
@@ -246,6 +247,7 @@ std::unique_ptr<Model> create_model_from_hf(const HfModelConfig& hf, const Model
   a.moe.load_balance_coeff = o.load_balance_coeff;
   if (o.moe_top_k > 0) a.moe.top_k = o.moe_top_k;
   a.moe.router_zero_init = o.router_zero_init;
+  a.attention_kernel = o.attention_kernel;
   return create_deepseek_v3(a, flavor);
 }
 

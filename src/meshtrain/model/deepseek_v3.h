@@ -42,6 +42,8 @@ struct DeepSeekV3Args {
   int n_heads = 16;
   double norm_eps = 1e-5;
   DeepSeekV3MoEArgs moe;
+  // Which CUDA kernels run attention ([model] attention_backend; the arithmetic is the same).
+  ops::AttentionKernel attention_kernel = ops::AttentionKernel::kAuto;
   // MLA
   int64_t q_lora_rank = 0;  // 0: one wq projection; > 0: wq_a -> q_norm -> wq_b
   int64_t kv_lora_rank = 512;

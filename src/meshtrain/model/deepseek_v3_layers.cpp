@@ -74,7 +74,8 @@ ValueId mla_forward(Builder& b, const DeepSeekV3Args& a, const MlaWeights& w, Va
   ValueId k = ops::concat(b, {ops::slice(b, kv, -1, 0, nope), k_pe}, -1);
   ValueId v = ops::slice(b, kv, -1, nope, vd);
 
-  ValueId o = ops::attention(b, q, k, v, a.softmax_scale(S), true).out;  // [B, S, H, v]
+  ValueId o =
+      ops::attention(b, q, k, v, a.softmax_scale(S), true, a.attention_kernel).out;  // [B, S, H, v]
   return ops::linear(b, ops::reshape(b, o, Shape{B, S, H * vd}), w.wo);
 }
 

@@ -130,7 +130,8 @@ ValueId Llama3::attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId tab
   ValueId v = ops::reshape(b, ops::linear(b, xf, wv), Shape{B, S, hkv, hd});
   q = ops::rope(b, q, table);
   k = ops::rope(b, k, table);
-  ValueId o = ops::attention(b, q, k, v, 1.0 / std::sqrt(double(hd)), true).out;
+  ValueId o =
+      ops::attention(b, q, k, v, 1.0 / std::sqrt(double(hd)), true, a_.attention_kernel).out;
   return plan.tp_exit(b, ops::linear(b, ops::reshape(b, o, Shape{B * S, hq * hd}), wo));
 }
 
@@ -195,6 +196,7 @@ std::unique_ptr<Model> create_llama3(const ModelOptions& o) {
   Llama3Args a = llama3_flavor(o.flavor);
   a.vocab_size = resolve_vocab(o, a.vocab_size);
   if (o.n_layers_override > 0) a.n_layers = o.n_layers_override;
+  a.attention_kernel = o.attention_kernel;
   return create_llama3(a, o.flavor);
 }
 

@@ -26,6 +26,8 @@ struct Llama3Args {
   int64_t rope_original_max_positions = 8192;
   int64_t ffn_hidden_dim = 0;  // 0 = from multiple_of and ffn_dim_multiplier (torchtitan's rule)
   bool depth_init = true;
+  // Which CUDA kernels run attention ([model] attention_backend; the arithmetic is the same).
+  ops::AttentionKernel attention_kernel = ops::AttentionKernel::kAuto;
   int64_t head_dim() const { return dim / n_heads; }
   int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t ffn_hidden() const;  // ffn_hidden_dim, else torchtitan's FeedForward hidden size rule

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshtrain/ir/builder.h"
+#include "meshtrain/ops/attention.h"
 #include "meshtrain/parallel/plan.h"
 
 namespace meshtrain {
@@ -31,6 +32,7 @@ struct ModelOptions {
   double load_balance_coeff = 1e-3;  // [model] load_balance_coeff (MoE models; 0 = off)
   int64_t moe_top_k = 0;             // [model] moe_top_k (0 = flavor's)
   bool router_zero_init = false;     // [model] router_zero_init
+  ops::AttentionKernel attention_kernel = ops::AttentionKernel::kAuto;  // [model] attention_backend
 };
 
 class Model {

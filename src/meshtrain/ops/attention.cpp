@@ -32,17 +32,34 @@ AttentionDims attention_dims(const TensorMeta& q, const TensorMeta& k, const Ten
 
 DType attention_lse_dtype(DType input) { return input == DType::kF64 ? DType::kF64 : DType::kF32; }
 
+const char* attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::kAuto: return "auto";
+    case AttentionKernel::kCudnn: return "cudnn";
+    case AttentionKernel::kMeshtrain: return "meshtrain";
+  }
+  return "auto";
+}
+
+// Graphs built before the attribute existed (and tests that build nodes by hand) carry none.
+AttentionKernel attention_kernel_of(const Attrs& attrs) {
+  return attrs.has("kernel") ? AttentionKernel(attrs.i("kernel")) : AttentionKernel::kAuto;
+}
+
 AttentionOutputs attention(Builder& b, ValueId q, ValueId k, ValueId v, double softmax_scale,
-                           bool causal) {
-  std::vector<ValueId> o =
-      b.op("attention", {q, k, v}, {{"softmax_scale", softmax_scale}, {"causal", int64_t(causal)}});
+                           bool causal, AttentionKernel kernel) {
+  std::vector<ValueId> o = b.op(
+      "attention", {q, k, v},
+      {{"softmax_scale", softmax_scale}, {"causal", int64_t(causal)}, {"kernel", int64_t(kernel)}});
   return {o[0], o[1]};
 }
 
 AttentionGrads attention_backward(Builder& b, ValueId q, ValueId k, ValueId v, ValueId out,
-                                  ValueId lse, ValueId dout, double softmax_scale, bool causal) {
-  std::vector<ValueId> g = b.op("attention_backward", {q, k, v, out, lse, dout},
-                                {{"softmax_scale", softmax_scale}, {"causal", int64_t(causal)}});
+                                  ValueId lse, ValueId dout, double softmax_scale, bool causal,
+                                  AttentionKernel kernel) {
+  std::vector<ValueId> g = b.op(
+      "attention_backward", {q, k, v, out, lse, dout},
+      {{"softmax_scale", softmax_scale}, {"causal", int64_t(causal)}, {"kernel", int64_t(kernel)}});
   return {g[0], g[1], g[2]};
 }
 
@@ -64,9 +81,9 @@ MT_REGISTER_OPS {
                            "attention at '{}': a gradient through lse is not supported",
                            c.node.scope);
                   const Attrs& a = c.attrs();
-                  AttentionGrads g =
-                      attention_backward(c.b, c.in(0), c.in(1), c.in(2), c.out(0), c.out(1),
-                                         c.grad_out(0), a.f("softmax_scale"), a.b("causal"));
+                  AttentionGrads g = attention_backward(
+                      c.b, c.in(0), c.in(1), c.in(2), c.out(0), c.out(1), c.grad_out(0),
+                      a.f("softmax_scale"), a.b("causal"), attention_kernel_of(a));
                   return std::vector<ValueId>{g.dq, g.dk, g.dv};
                 },
             .compute_heavy = true});

@@ -8,19 +8,29 @@
 
 namespace meshtrain::ops {
 
+// Which kernels run `attention` and its backward on CUDA ([model] attention_backend): kAuto takes
+// cuDNN's fused attention where the build has it and cuDNN accepts the shape (bf16, equal q and kv
+// heads), else meshtrain's own kernels; kCudnn insists (an unsupported node is an error naming
+// it); kMeshtrain always runs meshtrain's. The CPU kernels ignore it: every choice computes the
+// same function.
+enum class AttentionKernel : int64_t { kAuto = 0, kCudnn = 1, kMeshtrain = 2 };
+const char* attention_kernel_name(AttentionKernel k);  // "auto" | "cudnn" | "meshtrain"
+AttentionKernel attention_kernel_of(const Attrs& attrs);
+
 struct AttentionOutputs {
   ValueId out;  // [B, S, Hq, Dv], q's dtype
   ValueId lse;  // [B, Hq, S]: float32 for float32/bf16 inputs, float64 for float64
 };
 AttentionOutputs attention(Builder& b, ValueId q, ValueId k, ValueId v, double softmax_scale,
-                           bool causal = true);
+                           bool causal = true, AttentionKernel kernel = AttentionKernel::kAuto);
 
 struct AttentionGrads {
   ValueId dq, dk, dv;
 };
 // The fused backward: D_i = rowsum(dout * out), P = exp(scale q k^T - lse), dS = P (dP - D).
 AttentionGrads attention_backward(Builder& b, ValueId q, ValueId k, ValueId v, ValueId out,
-                                  ValueId lse, ValueId dout, double softmax_scale, bool causal);
+                                  ValueId lse, ValueId dout, double softmax_scale, bool causal,
+                                  AttentionKernel kernel = AttentionKernel::kAuto);
 
 struct AttentionDims {
   int64_t batch, seq, heads_q, heads_kv, dim_qk, dim_v;

@@ -109,6 +109,13 @@ std::vector<Binding> make_bindings() {
             "MoE models: all-zero initial router gate (every score ties, and a small random "
             "expert bias picks the experts every token goes to; for testing experts and "
             "ranks that receive nothing)"));
+  t.push_back(field("model", "attention_backend", &J::model, &ModelSection::attention_backend,
+                    "Which kernels run attention on CUDA: \"auto\" = cuDNN's fused attention "
+                    "where the build has cuDNN and it takes the shape (bf16, as many kv heads as "
+                    "q heads), else meshtrain's; \"cudnn\" = cuDNN or an error; \"meshtrain\" "
+                    "= meshtrain's own kernels. Same arithmetic up to rounding; both backwards "
+                    "are deterministic",
+                    {"auto", "cudnn", "meshtrain"}));
   t.push_back(field("model", "hf_config", &J::model, &ModelSection::hf_config,
                     "HF config.json (or a folder holding one) giving the model's dims instead of "
                     "the flavor; \"\" = the flavor's"));

@@ -48,6 +48,7 @@ struct ModelSection {
   // lowest-numbered experts (the rest, and the EP ranks owning them, receive nothing). For tests
   // of empty experts; training moves the gate away from zero after the first step.
   bool router_zero_init = false;
+  std::string attention_backend = "auto";  // "auto" | "cudnn" | "meshtrain" (CUDA kernels)
   // An HF config.json (or a folder holding one) whose dims the model takes instead of the
   // flavor's; "" = the flavor. [model] name must match its architecture.
   std::string hf_config;

@@ -42,6 +42,9 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   mo.load_balance_coeff = cfg.model.load_balance_coeff;
   mo.moe_top_k = cfg.model.moe_top_k;
   mo.router_zero_init = cfg.model.router_zero_init;
+  for (ops::AttentionKernel k : {ops::AttentionKernel::kAuto, ops::AttentionKernel::kCudnn,
+                                 ops::AttentionKernel::kMeshtrain})
+    if (cfg.model.attention_backend == ops::attention_kernel_name(k)) mo.attention_kernel = k;
   sg->model = cfg.model.hf_config.empty()
                   ? create_model(mo)
                   : create_model_from_hf(read_hf_config(cfg.model.hf_config), mo);

@@ -1,11 +1,16 @@
 // CUDA kernels for `attention` and `attention_backward`: factories that check dtype, head dims and
 // scale once at prepare time (an unsupported node fails there, naming its scope) and bind the
-// path: bfloat16 -> the tensor-core flash kernels (compiled head dims), everything else -> the
-// CUDA-core kernels.
+// path: bfloat16 -> the attention library (cuDNN) where the build has it and the node's `kernel`
+// allows it, else the tensor-core flash kernels (compiled head dims); everything else -> the
+// CUDA-core kernels. The workspace functions and the factories resolve the path the same way.
 #include "meshtrain/ops/attention.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
+#include <mutex>
+#include <set>
+#include <tuple>
 
 #include "meshtrain/core/logging.h"
 #include "meshtrain/ops/cuda/attention_kernels.h"
@@ -14,9 +19,8 @@
 namespace meshtrain::cuda {
 namespace {
 
-AttnShape shape_of(const Node& n, const Graph& g) {
-  auto meta = [&](int i) -> const TensorMeta& { return g.value(n.inputs.at(size_t(i))).meta; };
-  const ops::AttentionDims d = ops::attention_dims(meta(0), meta(1), meta(2));
+AttnShape shape_of(const std::vector<TensorMeta>& in, const Attrs& a) {
+  const ops::AttentionDims d = ops::attention_dims(in.at(0), in.at(1), in.at(2));
   AttnShape s;
   s.batch = d.batch;
   s.seq = d.seq;
@@ -24,9 +28,15 @@ AttnShape shape_of(const Node& n, const Graph& g) {
   s.heads_kv = d.heads_kv;
   s.dim_qk = d.dim_qk;
   s.dim_v = d.dim_v;
-  s.scale = n.attrs.f("softmax_scale");
-  s.causal = n.attrs.b("causal");
+  s.scale = a.f("softmax_scale");
+  s.causal = a.b("causal");
   return s;
+}
+
+AttnShape shape_of(const Node& n, const Graph& g) {
+  std::vector<TensorMeta> in;
+  for (int i = 0; i < 3; ++i) in.push_back(g.value(n.inputs.at(size_t(i))).meta);
+  return shape_of(in, n.attrs);
 }
 
 constexpr const char* kTensorCoreDims = "{(192, 128), (128, 128), (64, 64)}";
@@ -64,6 +74,42 @@ void check_supported(const Node& n, DType dtype, const AttnShape& s) {
   }
 }
 
+const AttentionLibrary* g_library = nullptr;  // set at static initialisation, read after
+
+// Whether the node runs on the attention library. kAuto falls back to meshtrain's kernels, with
+// one warning per shape, when the library refuses the shape; kCudnn makes that an error naming
+// the node. The library caches its plans, so asking again at the factory is cheap.
+bool use_library(const AttnShape& s, DType dtype, ops::AttentionKernel kernel, bool backward,
+                 const std::string& scope) {
+  if (kernel == ops::AttentionKernel::kMeshtrain || dtype != DType::kBF16) return false;
+  if (!g_library) {
+    MT_CHECK_T(ValueError, kernel != ops::AttentionKernel::kCudnn,
+               "attention at '{}': [model] attention_backend = \"cudnn\", but this build has no "
+               "cuDNN (configure found none); use \"auto\" or \"meshtrain\"",
+               scope);
+    return false;
+  }
+  try {
+    backward ? g_library->bwd_workspace(s) : g_library->fwd_workspace(s);
+    return true;
+  } catch (const Error& e) {
+    MT_CHECK_T(ValueError, kernel != ops::AttentionKernel::kCudnn,
+               "attention at '{}': [model] attention_backend = \"cudnn\", but {} refuses this "
+               "node: {}; use \"auto\" (meshtrain's kernels where {} cannot) or \"meshtrain\"",
+               scope, g_library->name, e.what(), g_library->name);
+    static std::mutex mutex;
+    static std::set<std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>> warned;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (warned.emplace(backward, s.batch, s.seq, s.heads_q, s.heads_kv, s.dim_qk, s.dim_v).second)
+      log_warn(
+          "attention at '{}': {} refuses the {} (batch {} seq {} heads {}/{} dims {}/{}): {}; "
+          "running meshtrain's kernels",
+          scope, g_library->name, backward ? "backward" : "forward", s.batch, s.seq, s.heads_q,
+          s.heads_kv, s.dim_qk, s.dim_v, e.what());
+    return false;
+  }
+}
+
 cudaStream_t stream_of(const KernelContext& c) {
   return static_cast<cudaStream_t>(c.stream->native_handle());
 }
@@ -84,6 +130,15 @@ KernelFn make_attention(const Node& n, const Graph& g) {
   const AttnShape s = shape_of(n, g);
   const DType dtype = g.value(n.inputs.at(0)).meta.dtype;
   check_supported(n, dtype, s);
+  if (s.batch * s.seq * s.heads_q > 0 &&
+      use_library(s, dtype, ops::attention_kernel_of(n.attrs), false, n.scope))
+    return [s, lib = g_library](KernelContext& c) {
+      check_aligned16(c);
+      lib->fwd(s, c.in[0].raw(), c.in[1].raw(), c.in[2].raw(), c.out[0].raw(),
+               static_cast<float*>(c.out[1].raw()),
+               c.workspace.defined() ? c.workspace.raw() : nullptr,
+               c.workspace.defined() ? c.workspace.nbytes() : 0, stream_of(c));
+    };
   if (dtype == DType::kBF16 && !has_tensor_core_kernel(s))
     return [s](KernelContext& c) {
       attention_fwd_simple_bf16(s, c.in[0].raw(), c.in[1].raw(), c.in[2].raw(), c.out[0].raw(),
@@ -115,7 +170,18 @@ KernelFn make_attention_backward(const Node& n, const Graph& g) {
   const AttnShape s = shape_of(n, g);
   const DType dtype = g.value(n.inputs.at(0)).meta.dtype;
   check_supported(n, dtype, s);
-  // delta (rowsum(dout * out)) lives in the node's workspace, sized by ops/attention.cpp.
+  if (s.batch * s.seq * s.heads_q > 0 &&
+      use_library(s, dtype, ops::attention_kernel_of(n.attrs), true, n.scope))
+    return [s, lib = g_library](KernelContext& c) {
+      check_aligned16(c);
+      const auto& in = c.in;
+      const auto& out = c.out;
+      lib->bwd(s, in[0].raw(), in[1].raw(), in[2].raw(), in[3].raw(), in[4].data<float>(),
+               in[5].raw(), out[0].raw(), out[1].raw(), out[2].raw(),
+               c.workspace.defined() ? c.workspace.raw() : nullptr,
+               c.workspace.defined() ? c.workspace.nbytes() : 0, stream_of(c));
+    };
+  // delta (rowsum(dout * out)) lives in the node's workspace (backward_workspace below).
   const size_t delta_bytes =
       size_t(s.batch * s.heads_q * s.seq) * (dtype == DType::kF64 ? sizeof(double) : sizeof(float));
   return [s, dtype, delta_bytes](KernelContext& c) {
@@ -156,20 +222,41 @@ KernelFn make_attention_backward(const Node& n, const Graph& g) {
   };
 }
 
-// Backward scratch: delta = rowsum(dout * out) per (batch, q head, row), in the accumulation type
-// (fp32 for bf16/fp32, fp64 for fp64). The forward needs none.
-size_t delta_bytes(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
-                   const Attrs&) {
+// The library's scratch when the node runs on it, else 0. Asked while the memory plan is made;
+// with no GPU to build a plan on (`meshtrain plan` for a CUDA layout on a CPU-only machine), the
+// library refuses and the plan counts meshtrain's kernels' scratch instead.
+size_t library_workspace(const std::vector<TensorMeta>& in, const Attrs& a, bool backward) {
+  const AttnShape s = shape_of(in, a);
+  if (s.batch * s.seq * s.heads_q == 0 ||
+      !use_library(s, in.at(0).dtype, ops::attention_kernel_of(a), backward, "(memory plan)"))
+    return 0;
+  return backward ? g_library->bwd_workspace(s) : g_library->fwd_workspace(s);
+}
+
+size_t forward_workspace(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
+                         const Attrs& a) {
+  return library_workspace(in, a, false);
+}
+
+// Backward scratch: the library's, or meshtrain's delta = rowsum(dout * out) per (batch, q head,
+// row) in the accumulation type (fp32 for bf16/fp32, fp64 for fp64).
+size_t backward_workspace(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&,
+                          const Attrs& a) {
   const TensorMeta& q = in.at(0);
   const size_t elem = q.dtype == DType::kF64 ? sizeof(double) : sizeof(float);
-  return size_t(q.shape[0] * q.shape[2] * q.shape[1]) * elem;
+  const size_t delta = size_t(q.shape[0] * q.shape[2] * q.shape[1]) * elem;
+  return std::max(delta, library_workspace(in, a, true));
 }
 
 MT_REGISTER_OPS {
-  OpRegistry::instance().add_kernel_factory("attention", DeviceType::kCUDA, make_attention);
+  OpRegistry::instance().add_kernel_factory("attention", DeviceType::kCUDA, make_attention,
+                                            forward_workspace);
   OpRegistry::instance().add_kernel_factory("attention_backward", DeviceType::kCUDA,
-                                            make_attention_backward, delta_bytes);
+                                            make_attention_backward, backward_workspace);
 }
 
 }  // namespace
+
+void register_attention_library(const AttentionLibrary* library) { g_library = library; }
+const AttentionLibrary* attention_library() { return g_library; }
 }  // namespace meshtrain::cuda

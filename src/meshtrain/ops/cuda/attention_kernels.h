@@ -54,4 +54,22 @@ void attention_bwd_simple_bf16(const AttnShape& s, const void* q, const void* k,
                                const void* out, const float* lse, const void* dout, void* dq,
                                void* dk, void* dv, float* delta, cudaStream_t stream);
 
+// ---- a vendor library's fused attention (cuDNN), when the build has one ------------------------
+// ops/cuda/cudnn_attention.cpp registers itself at static-initialisation time (it is compiled only
+// where CMake found cuDNN), so ops/cuda/attention.cpp chooses it at prepare time with no #ifdef.
+// The workspace functions build (and cache) the plan for the shape and return the scratch its
+// launcher needs; they throw when the library refuses the shape. The backward is deterministic.
+struct AttentionLibrary {
+  const char* name;
+  size_t (*fwd_workspace)(const AttnShape& s);
+  size_t (*bwd_workspace)(const AttnShape& s);
+  void (*fwd)(const AttnShape& s, const void* q, const void* k, const void* v, void* out,
+              float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+  void (*bwd)(const AttnShape& s, const void* q, const void* k, const void* v, const void* out,
+              const float* lse, const void* dout, void* dq, void* dk, void* dv, void* workspace,
+              size_t workspace_bytes, cudaStream_t stream);
+};
+void register_attention_library(const AttentionLibrary* library);
+const AttentionLibrary* attention_library();  // nullptr when the build has none
+
 }  // namespace meshtrain::cuda

@@ -560,4 +560,21 @@ void cudnn_attention_bwd(const AttnShape& s, const void* q, const void* k, const
   execute(plan, s, std::move(uids), std::move(ptrs), workspace, workspace_bytes, stream);
 }
 
+namespace {
+
+size_t fwd_workspace(const AttnShape& s) { return cudnn_attention_fwd_plan(s).workspace; }
+size_t bwd_workspace(const AttnShape& s) { return cudnn_attention_bwd_plan(s).workspace; }
+void bwd_deterministic(const AttnShape& s, const void* q, const void* k, const void* v,
+                       const void* out, const float* lse, const void* dout, void* dq, void* dk,
+                       void* dv, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  cudnn_attention_bwd(s, q, k, v, out, lse, dout, dq, dk, dv, workspace, workspace_bytes, stream,
+                      CudnnBwdMode::kDeterministic);
+}
+
+// The attention op's CUDA kernels pick this up at prepare time (attention_kernels.h).
+const AttentionLibrary kCudnnLibrary{"cudnn", fwd_workspace, bwd_workspace, cudnn_attention_fwd,
+                                     bwd_deterministic};
+const bool kRegistered = (register_attention_library(&kCudnnLibrary), true);
+
+}  // namespace
 }  // namespace meshtrain::cuda
