@@ -20,6 +20,10 @@ FLAVORS=${FLAVORS:-"deepseek_v3_16b llama3_8b"}
 TORCH_VARIANTS=${TORCH_VARIANTS:-"eager compile eager-bf16 compile-bf16"}
 mkdir -p "$OUT"
 : > "$OUT/results.jsonl"
+# meshtrain's shared libraries (a carried bundle or `scripts/gpu_test.sh pack` archive in BUILD, the
+# CUDA toolkit, Python's nvidia wheels), set for its runs only: PyTorch keeps the caller's.
+MT_LD=$(B=$BUILD; . bench/kernels/gpu_libs.sh; gpu_libs_check "$BUILD/meshtrain" >&2
+        echo "$LD_LIBRARY_PATH")
 if [ -z "${MT_ARGS:-}" ]; then
   # llm.c's token file: a 256 × int32 header (magic 20240520, version 1, count), uint16 tokens.
   python3 bench/random_tokens.py "$OUT/random_tokens.bin" $((4 * 4097 * 64))
@@ -30,7 +34,7 @@ declare -A CONFIG=([deepseek_v3_16b]=configs/bench_deepseek_v3_16b_4l.toml
 for flavor in $FLAVORS; do
   dump="$OUT/mt_$flavor"
   echo "== meshtrain $flavor"
-  if "$BUILD/meshtrain" train --config "${CONFIG[$flavor]}" --job.dump_folder "$dump" \
+  if LD_LIBRARY_PATH="$MT_LD" "$BUILD/meshtrain" train --config "${CONFIG[$flavor]}" --job.dump_folder "$dump" \
        --training.steps "$STEPS" --profiling.profile_freq "$STEPS" ${MT_ARGS:-} > "$OUT/mt_$flavor.log" 2>&1; then
     python3 bench/e2e/report.py meshtrain "$flavor" "$dump" "$OUT/mt_$flavor.log" >> "$OUT/results.jsonl"
   else

@@ -8,25 +8,19 @@
 # Build machine:  ninja -C build-cuda bench_grouped_gemm bench_optimizer meshtrain_cuda_tests &&
 #                 scripts/gpu_test.sh bundle
 # Carry:          build-cuda/bench/kernels/{bench_grouped_gemm,bench_optimizer}, build-cuda/bundle
-# GPU machine:    bench/kernels/run_step26_gpu.sh      (BUILD=DIR for another build folder)
+# GPU machine:    bench/kernels/run_step26_gpu.sh      (BUILD=DIR for another build folder; a DIR
+#                 holding a `scripts/gpu_test.sh pack` archive is unpacked there first)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/meshtrain_step26}
 mkdir -p "$OUT"
 B=${BUILD:-build-cuda}
+TORCH_LD=${LD_LIBRARY_PATH:-}  # PyTorch keeps the caller's: its own CUDA libraries, not ours
+. bench/kernels/gpu_libs.sh      # unpacks a pack archive, sets LD_LIBRARY_PATH
 for f in bench/kernels/bench_grouped_gemm bench/kernels/bench_optimizer; do
   [ -x "$B/$f" ] || { echo "run_step26_gpu.sh: $B/$f is missing: build it on the build machine"; exit 2; }
 done
-# Shared libraries as run_gpu.sh finds them: the bundle, the CUDA toolkit, Python's wheels.
-LIBS="$B/bundle:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib"
-for d in $(python3 -c 'import glob,site; print(" ".join(glob.glob(site.getsitepackages()[0]+"/nvidia/*/lib")))' 2>/dev/null); do
-  LIBS="$LIBS:$d"
-done
-export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ldd "$B/bench/kernels/bench_grouped_gemm" | grep -q "not found"; then
-  echo "run_step26_gpu.sh: libraries not found:"; ldd "$B/bench/kernels/bench_grouped_gemm" | grep "not found"
-  if [ -d "$B/bundle/stdcxx" ]; then export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$B/bundle/stdcxx"; fi
-fi
+gpu_libs_check "$B/bench/kernels/bench_grouped_gemm"
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,memory.used \
   --format=csv > "$OUT/gpu.txt" 2>&1
@@ -35,7 +29,7 @@ rc=0
 timeout 120 "$B/bench/kernels/bench_grouped_gemm" --tsv "$OUT/grouped_gemm.tsv" \
   > "$OUT/bench_grouped_gemm.txt" 2>&1
 s=$?; echo "bench_grouped_gemm: exit $s"; [ $s = 0 ] || rc=1
-timeout 120 python3 bench/kernels/grouped_mm_torch.py > "$OUT/grouped_mm_torch.jsonl" \
+LD_LIBRARY_PATH="$TORCH_LD" timeout 120 python3 bench/kernels/grouped_mm_torch.py > "$OUT/grouped_mm_torch.jsonl" \
   2> "$OUT/grouped_mm_torch.err"
 s=$?; echo "grouped_mm_torch.py: exit $s"; [ $s = 0 ] || { rc=1; tail -5 "$OUT/grouped_mm_torch.err"; }
 timeout 90 "$B/bench/kernels/bench_optimizer" > "$OUT/bench_optimizer.txt" 2>&1
