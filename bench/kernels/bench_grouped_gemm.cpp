@@ -308,6 +308,7 @@ int main(int argc, char** argv) try {
       "(64 cuBLASLt calls over 4 streams)\n");
   if (!o.tsv.empty()) {
     std::ofstream f(o.tsv);
+    f.precision(17);
     f << "dist\tproduct\tflop\tqueued_ms\twaited_ms\thost_ms\trel_err\n";
     for (const Row& r : rows)
       f << r.dist << '\t' << r.product << '\t' << r.flop << '\t' << r.queued_ms << '\t'
