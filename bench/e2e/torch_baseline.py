@@ -2,14 +2,25 @@
 """PyTorch baseline for meshtrain's end-to-end benchmark (bench/e2e/run.sh).
 
 The same models and shapes as meshtrain's flavors, trained the way torchtitan does on one GPU:
-bf16 autocast over fp32 master weights, scaled_dot_product_attention, torch._grouped_mm for the
-routed experts, fused AdamW; eager and torch.compile. Prints one JSON line per variant:
-tokens/s, TFLOP/s and MFU (torchtitan's active-parameter convention, peak 989.5 TFLOP/s bf16)
-and peak memory. Synthetic tokens (uniform ids): throughput does not depend on the data.
+scaled_dot_product_attention, torch._grouped_mm for the routed experts (tokens per expert counted
+with torch.histc, which neither syncs nor breaks the compiled graph), fused AdamW. Four variants
+(--variants): eager or torch.compile, each with
+  autocast  bf16 autocast over fp32 parameters (the optimizer updates them in place);
+  bf16      bf16 parameters for compute over fp32 master copies, no autocast: the fp32 gradients
+            of the masters are cast from the bf16 ones, AdamW updates the masters, then writes the
+            bf16 parameters from them.
+Prints one JSON line per variant: tokens/s, TFLOP/s and MFU (torchtitan's active-parameter
+convention, peak 989.5 TFLOP/s bf16), peak memory and its parts: parameters (with the fp32 masters),
+gradients as backward leaves them (the bf16 variant's fp32 master gradients, made at the optimizer
+step while the bf16 ones are freed, apart), optimizer moments, and the rest (activations,
+workspace, allocator slack) = peak - those. Synthetic tokens (uniform ids): the throughput of
+the dense model does not depend on the data; the MoE model's expert loads are near uniform.
 """
 import argparse
+import gc
 import json
 import math
+import sys
 import time
 
 import torch
@@ -174,7 +185,9 @@ class MoE(nn.Module):
         _, idx = torch.topk(scores + self.expert_bias, self.k, dim=-1)
         w = scores.gather(1, idx)
         with torch.no_grad():
-            counts = torch.bincount(idx.flatten(), minlength=self.e)
+            # histc, not bincount: bincount's output size depends on the data (a host sync, and
+            # a graph break under torch.compile); ids are integers in [0, E), one bin each.
+            counts = torch.histc(idx.flatten().float(), bins=self.e, min=0, max=self.e).long()
             self.tokens_per_expert += counts
             padded = ((counts + ALIGN - 1) // ALIGN) * ALIGN
             ends = torch.cumsum(padded, 0)
@@ -261,27 +274,77 @@ def flops_per_token(model, seq_len, n_layers):
     return total, active, 6 * (active - emb) + attn
 
 
-def run(flavor, n_layers, batch, seq_len, steps, warmup, compiled):
+VARIANTS = {  # name -> (torch.compile, precision)
+    "eager": (False, "autocast"),
+    "compile": (True, "autocast"),
+    "eager-bf16": (False, "bf16"),
+    "compile-bf16": (True, "bf16"),
+}
+
+
+def system_name(variant):
+    compiled, precision = VARIANTS[variant]
+    return ("pytorch " + ("compile" if compiled else "eager") +
+            (" (autocast)" if precision == "autocast" else " (bf16 + fp32 masters)"))
+
+
+def gib(n_bytes):
+    return n_bytes / 2**30
+
+
+def tensor_bytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def run(flavor, n_layers, batch, seq_len, steps, warmup, variant):
+    compiled, precision = VARIANTS[variant]
     a = dict(FLAVORS[flavor], n_layers=n_layers)
     torch.manual_seed(0)
     dev = torch.device("cuda")
     model = (Llama(a, seq_len) if a["kind"] == "llama" else DeepSeek(a, seq_len)).to(dev)
     total, active, fpt = flops_per_token(model, seq_len, n_layers)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.1, fused=True)
+    params = list(model.parameters())
+    if precision == "bf16":
+        # fp32 masters first, then the model's own parameters become their bf16 compute copies
+        # (parameters only: the buffers — rope's complex frequencies, the expert bias and load
+        # counters — keep their dtypes).
+        masters = [p.detach().clone().requires_grad_(True) for p in params]
+        with torch.no_grad():
+            for p in params:
+                p.data = p.data.to(torch.bfloat16)
+        opt_params = masters
+    else:
+        masters, opt_params = None, params
+    opt = torch.optim.AdamW(opt_params, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                            fused=True)
     fwd = torch.compile(model) if compiled else model
     moes = [m for m in model.modules() if isinstance(m, MoE)]
     tokens = torch.randint(0, a["vocab"], (batch, seq_len + 1), device=dev)
     inp, lab = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    grad_bytes = [0, 0]  # the gradients backward leaves; the masters' fp32 copies (bf16)
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        if precision == "autocast":
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = fwd(inp)
+        else:
             logits = fwd(inp)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), lab.flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        grad_bytes[0] = tensor_bytes(p.grad for p in params)
+        if masters is not None:
+            # The masters' fp32 gradients, each bf16 gradient freed once cast.
+            for p, m in zip(params, masters):
+                m.grad = p.grad.float()
+                p.grad = None
+            grad_bytes[1] = tensor_bytes(m.grad for m in masters)
+        torch.nn.utils.clip_grad_norm_(opt_params, 1.0, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if masters is not None:
+            with torch.no_grad():  # the optimizer's result written into the bf16 compute copies
+                for p, m in zip(params, masters):
+                    p.copy_(m)
         for m in moes:
             m.balance()
         return loss
@@ -296,11 +359,19 @@ def run(flavor, n_layers, batch, seq_len, steps, warmup, compiled):
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
     tps = batch * seq_len / dt
-    return dict(system="pytorch " + ("compile" if compiled else "eager"), flavor=flavor,
-                n_layers=n_layers, batch=batch, seq_len=seq_len, params=total, active=active,
-                flops_per_token=fpt, step_s=dt, tps=tps, tflops=fpt * tps / 1e12,
-                mfu=100 * fpt * tps / PEAK_FLOPS, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
-                reserved_gib=torch.cuda.max_memory_reserved() / 2**30, loss=float(loss))
+    peak = torch.cuda.max_memory_allocated()
+    param_bytes = tensor_bytes(params) + (tensor_bytes(masters) if masters else 0)
+    moment_bytes = sum(tensor_bytes(v for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+                       for st in opt.state.values())
+    r = dict(system=system_name(variant), variant=variant, flavor=flavor, n_layers=n_layers,
+             batch=batch, seq_len=seq_len, params=total, active=active, flops_per_token=fpt,
+             step_s=dt, tps=tps, tflops=fpt * tps / 1e12, mfu=100 * fpt * tps / PEAK_FLOPS,
+             peak_gib=gib(peak), reserved_gib=gib(torch.cuda.max_memory_reserved()),
+             params_gib=gib(param_bytes), grads_gib=gib(grad_bytes[0]),
+             master_grads_gib=gib(grad_bytes[1]), moments_gib=gib(moment_bytes),
+             rest_gib=gib(peak - param_bytes - grad_bytes[0] - moment_bytes), loss=float(loss))
+    del fwd, model, opt, params, masters, opt_params
+    return r
 
 
 def main():
@@ -311,17 +382,27 @@ def main():
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--mode", choices=["eager", "compile", "both"], default="both")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated, of " + ", ".join(VARIANTS) + " (default: all)")
     args = ap.parse_args()
-    modes = ["eager", "compile"] if args.mode == "both" else [args.mode]
-    for m in modes:
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r}: expected one of {', '.join(VARIANTS)}")
+    failed = False
+    for v in variants:
         try:
-            r = run(args.flavor, args.n_layers, args.batch, args.seq_len, args.steps, args.warmup,
-                    m == "compile")
-        except Exception as e:  # report and go on: one failing variant must not hide the other
-            r = dict(system="pytorch " + m, flavor=args.flavor, error=f"{type(e).__name__}: {e}")
+            r = run(args.flavor, args.n_layers, args.batch, args.seq_len, args.steps, args.warmup, v)
+        except Exception as e:  # report and go on: one failing variant must not hide the others
+            r = dict(system=system_name(v), variant=v, flavor=args.flavor,
+                     error=f"{type(e).__name__}: {e}")
+            failed = True
         print(json.dumps(r), flush=True)
+        # Free the variant's model, optimizer and compiled graphs before the next one.
+        torch._dynamo.reset()
+        gc.collect()
         torch.cuda.empty_cache()
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
