@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "meshtrain/core/block_name.h"
 #include "meshtrain/graph/graph_dump.h"
 #include "meshtrain/graph/memory_plan.h"
 #include "meshtrain/ops/collective_ops.h"
@@ -131,10 +132,13 @@ TEST(BucketCollectives, ABucketNeverMixesGroupsPhasesOrBlocks) {
     const Node& n = g.node(id);
     if (!is_bucket(n)) continue;
     ++buckets;
-    // One group and phase by construction (one node); one block: the bucket's scope is the
-    // common prefix of its members', so a block bucket is scoped "layers.N" or deeper.
-    if (n.scope.rfind("layers.", 0) == 0) {
-      EXPECT_NE(n.scope.find_first_of("0123456789"), std::string::npos);
+    // One group and phase by construction (one node); one block: a block bucket is scoped in
+    // its block, and every member's input comes from a node of the bucket's block (the root
+    // buckets' from nodes outside the blocks).
+    if (n.block != kNoBlock) EXPECT_EQ(n.scope.rfind(block_name(n.block), 0), 0u) << n.scope;
+    for (ValueId v : n.inputs) {
+      const NodeId p = g.value(v).producer;
+      if (p != kNoNode) EXPECT_EQ(g.node(p).block, n.block) << n.scope << " <- " << g.node(p).scope;
     }
     std::set<DType> dtypes;
     for (ValueId v : n.inputs) dtypes.insert(g.value(v).meta.dtype);

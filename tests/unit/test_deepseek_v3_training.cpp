@@ -80,7 +80,8 @@ RunTrace train_small(double coeff, int steps) {
     double imb = 0, bias = 0;
     for (const LoadBalanceLayer& l : plan.load_balance_layers()) {
       std::vector<float> t = store.master(l.last_load).to_vector<float>();
-      imb += summarize_moe_load(l.layer, std::vector<double>(t.begin(), t.end())).imbalance;
+      imb +=
+          summarize_moe_load(l.layer, l.block, std::vector<double>(t.begin(), t.end())).imbalance;
       for (float v : store.master(l.expert_bias).to_vector<float>())
         bias = std::max(bias, double(std::abs(v)));
     }
@@ -116,8 +117,8 @@ TEST(DeepSeekV3Training, LoadBalancingLowersExpertImbalance) {
 }
 
 TEST(DeepSeekV3Training, MoeLoadMetricsAndSummary) {
-  std::vector<MoeLayerLoad> loads = {summarize_moe_load("layers.1.moe", {4, 4, 4, 4}),
-                                     summarize_moe_load("layers.2.moe", {10, 2, 2, 2})};
+  std::vector<MoeLayerLoad> loads = {summarize_moe_load("layers.1.moe", 1, {4, 4, 4, 4}),
+                                     summarize_moe_load("layers.2.moe", 2, {10, 2, 2, 2})};
   EXPECT_DOUBLE_EQ(loads[0].imbalance, 1.0);
   EXPECT_DOUBLE_EQ(loads[1].min, 2);
   EXPECT_DOUBLE_EQ(loads[1].max, 10);

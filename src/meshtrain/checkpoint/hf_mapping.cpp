@@ -2,8 +2,9 @@
 // torchtitan's parameter names), applied to the parameters a plan declared.
 #include "meshtrain/checkpoint/hf_mapping.h"
 
-#include <regex>
+#include <optional>
 
+#include "meshtrain/core/block_name.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/deepseek_v3.h"
 #include "meshtrain/model/llama3.h"
@@ -77,10 +78,6 @@ bool is_counter(const std::string& name) {
   return ends(".tokens_per_expert") || ends(".tokens_per_expert_last_step");
 }
 
-int layer_of(const std::string& name) {
-  return name.rfind("layers.", 0) == 0 ? std::stoi(name.substr(7)) : -1;
-}
-
 }  // namespace
 
 int64_t hf_row_of_meta_row(int64_t row, int64_t head_dim) {
@@ -94,14 +91,12 @@ HfLayout::HfLayout(const Model& model, const std::vector<ParamInfo>& params)
   MT_CHECK_T(ConfigError, llama || deepseek_v3_args_of(model),
              "model {} has no Hugging Face layout (llama3 and deepseek_v3 have)", model.name());
   const auto& layer_names = llama ? llama_layer_names() : deepseek_layer_names();
-  static const std::regex layer_re(R"(^layers\.(\d+)\.(.+)$)");
   // HF order: embedding, then layer by layer, then the final norm and the head.
   std::vector<std::pair<std::pair<int, int>, HfTensor>> ordered;
   for (size_t pi = 0; pi < params.size(); ++pi) {
     const ParamInfo& p = params[pi];
     if (is_counter(p.name)) continue;
     const std::vector<int64_t> shape(p.global_shape.dims().begin(), p.global_shape.dims().end());
-    std::smatch m;
     auto push = [&](int rank_in_order, HfTensor t) {
       ordered.push_back({{rank_in_order, int(ordered.size())}, std::move(t)});
     };
@@ -110,11 +105,13 @@ HfLayout::HfLayout(const Model& model, const std::vector<ParamInfo>& params)
            HfTensor{.hf_name = it->second, .param = p.name, .shape = shape});
       continue;
     }
-    MT_CHECK(std::regex_match(p.name, m, layer_re), "parameter {} has no Hugging Face name",
+    const std::optional<ParsedBlockName> in_block = parse_block_name(p.name);
+    MT_CHECK(in_block && !in_block->suffix.empty(), "parameter {} has no Hugging Face name",
              p.name);
-    const std::string layer = m[1], rest = m[2];
-    const std::string prefix = "model.layers." + layer + ".";
-    const int l = layer_of(p.name);
+    const int l = in_block->index;
+    const std::string& rest = in_block->suffix;
+    // HF nests the same block names under "model.": "model.layers.N.".
+    const std::string prefix = "model." + block_name(l) + ".";
     if (auto it = expert_names().find(rest); !llama && it != expert_names().end()) {
       for (int64_t e = 0; e < shape[0]; ++e)
         push(l, HfTensor{.hf_name = fmt::format("{}mlp.experts.{}.{}", prefix, e, it->second),

@@ -52,7 +52,8 @@ GradientMap differentiate(Graph& graph, ValueId loss, const std::vector<ValueId>
     grad[v] = b.op1("add", {grad[v], g});
   };
 
-  b.set_scope(graph.value(loss).producer >= 0 ? graph.node(graph.value(loss).producer).scope : "");
+  if (const NodeId p = graph.value(loss).producer; p >= 0)
+    b.set_scope(graph.node(p).scope, graph.node(p).block);
   grad[loss] = b.op1("fill", {},
                      {{"value", 1.0},
                       {"shape", graph.value(loss).meta.shape.dims()},
@@ -80,7 +81,7 @@ GradientMap differentiate(Graph& graph, ValueId loss, const std::vector<ValueId>
     if (!any_needed) continue;
     MT_CHECK(bool(def.backward), "op {} at '{}' is on the path to the loss but has no backward",
              node.op, node.scope);
-    b.set_scope(node.scope);
+    b.set_scope(node.scope, node.block);  // backward nodes sit in their forward node's block
     GradContext ctx{b, node, gouts, needs};
     std::vector<ValueId> gins = def.backward(ctx);
     MT_CHECK(gins.size() == node.inputs.size(), "backward of {} returned {} grads for {} inputs",

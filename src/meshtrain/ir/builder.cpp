@@ -1,6 +1,8 @@
 // Builder: shape inference at append time, with the scope named in any error it raises.
 #include "meshtrain/ir/builder.h"
 
+#include "meshtrain/core/block_name.h"
+
 namespace meshtrain {
 
 Builder::Builder(Graph& graph, NodePhase phase) : graph_(graph), phase_(phase) {}
@@ -35,7 +37,7 @@ std::vector<ValueId> Builder::op(const std::string& name, std::vector<ValueId> i
         __FILE__, __LINE__);
   }
   last_node_ = graph_.add_node(name, std::move(inputs), std::move(out_metas), std::move(attrs),
-                               scope_, phase_);
+                               scope_, block_, phase_);
   const Node& n = graph_.node(last_node_);
   if (def.view_of_input >= 0) {
     ValueId src = n.inputs.at(size_t(def.view_of_input));
@@ -51,9 +53,23 @@ ValueId Builder::op1(const std::string& name, std::vector<ValueId> inputs, Attrs
   return outs[0];
 }
 
-Builder::ScopeGuard::ScopeGuard(Builder& b, const std::string& part) : b_(b), saved_(b.scope_) {
+Builder::ScopeGuard::ScopeGuard(Builder& b, const std::string& part, BlockIndex block)
+    : b_(b), saved_(b.scope_), saved_block_(b.block_) {
   b_.scope_ = saved_.empty() ? part : saved_ + "." + part;
+  if (block != kNoBlock) {
+    MT_CHECK(saved_block_ == kNoBlock || saved_block_ == block,
+             "block {} opened inside block {} at '{}'", block, saved_block_, b_.scope_);
+    b_.block_ = block;
+  }
 }
-Builder::ScopeGuard::~ScopeGuard() { b_.scope_ = saved_; }
+Builder::ScopeGuard::~ScopeGuard() {
+  b_.scope_ = saved_;
+  b_.block_ = saved_block_;
+}
+
+Builder::ScopeGuard Builder::block(BlockIndex index) {
+  MT_CHECK(index >= 0, "block index must be >= 0, found {}", index);
+  return ScopeGuard(*this, block_name(index), index);
+}
 
 }  // namespace meshtrain

@@ -1,6 +1,6 @@
 // Builder: the API model code, backward rules and passes use to append nodes. It runs each op's
 // shape inference (so a bad shape fails where the model asked for it, naming the scope), and
-// stamps nodes with the current module scope and phase.
+// stamps nodes with the current module scope, block and phase.
 #pragma once
 
 #include <string>
@@ -30,11 +30,12 @@ class Builder {
   // The node the last op() call appended.
   NodeId last_node() const { return last_node_; }
 
-  // RAII module scope: `auto s = b.scope("layers.0"); ... b.scope("attention")` ->
-  // "layers.0.attention".
+  // RAII module scope: `auto s = b.scope("attention")` inside block 0 -> "layers.0.attention".
+  // With a block index, the nodes appended until the guard ends also carry that block (code
+  // that re-enters a block's module path, e.g. the optimizer's load balancing of "layers.1.moe").
   class ScopeGuard {
    public:
-    ScopeGuard(Builder& b, const std::string& part);
+    ScopeGuard(Builder& b, const std::string& part, BlockIndex block = kNoBlock);
     ~ScopeGuard();
     ScopeGuard(const ScopeGuard&) = delete;
     ScopeGuard& operator=(const ScopeGuard&) = delete;
@@ -42,10 +43,21 @@ class Builder {
    private:
     Builder& b_;
     std::string saved_;
+    BlockIndex saved_block_;
   };
-  [[nodiscard]] ScopeGuard scope(const std::string& part) { return ScopeGuard(*this, part); }
+  [[nodiscard]] ScopeGuard scope(const std::string& part, BlockIndex block = kNoBlock) {
+    return ScopeGuard(*this, part, block);
+  }
+  // RAII transformer block `index`: the scope part block_name(index) ("layers.<index>",
+  // core/block_name.h) and the block index on every node appended inside.
+  [[nodiscard]] ScopeGuard block(BlockIndex index);
   const std::string& current_scope() const { return scope_; }
-  void set_scope(std::string s) { scope_ = std::move(s); }
+  BlockIndex current_block() const { return block_; }
+  // Backward rules and passes re-enter a forward node's place: its scope and its block.
+  void set_scope(std::string s, BlockIndex block) {
+    scope_ = std::move(s);
+    block_ = block;
+  }
 
   NodePhase phase() const { return phase_; }
   void set_phase(NodePhase p) { phase_ = p; }
@@ -54,6 +66,7 @@ class Builder {
   Graph& graph_;
   NodePhase phase_;
   std::string scope_;
+  BlockIndex block_ = kNoBlock;
   NodeId last_node_ = kNoNode;
 };
 

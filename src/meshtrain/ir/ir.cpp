@@ -38,7 +38,7 @@ ValueId Graph::add_value(TensorMeta meta, ValueRole role, std::string name) {
 
 NodeId Graph::add_node(std::string op, std::vector<ValueId> inputs,
                        std::vector<TensorMeta> out_metas, Attrs attrs, std::string scope,
-                       NodePhase phase) {
+                       BlockIndex block, NodePhase phase) {
   for (ValueId in : inputs)
     MT_CHECK(in >= 0 && in < num_values(), "op {} input value {} does not exist", op, in);
   Node n;
@@ -47,6 +47,7 @@ NodeId Graph::add_node(std::string op, std::vector<ValueId> inputs,
   n.inputs = std::move(inputs);
   n.attrs = std::move(attrs);
   n.scope = std::move(scope);
+  n.block = block;
   n.phase = phase;
   for (size_t i = 0; i < out_metas.size(); ++i) {
     ValueId v = add_value(std::move(out_metas[i]), ValueRole::kActivation,

@@ -17,6 +17,10 @@ using ValueId = int32_t;
 using NodeId = int32_t;
 constexpr ValueId kNoValue = -1;
 constexpr NodeId kNoNode = -1;
+// The transformer block a node belongs to (0-based, the N of scope "layers.N"), stamped by the
+// Builder while a model has a block open; passes decide by it, never by the scope's text.
+using BlockIndex = int32_t;
+constexpr BlockIndex kNoBlock = -1;
 
 struct TensorMeta {
   Shape shape;
@@ -58,6 +62,7 @@ struct Node {
   std::vector<ValueId> outputs;
   Attrs attrs;
   std::string scope;  // module path, e.g. "layers.3.attention" (traces, errors, recompute)
+  BlockIndex block = kNoBlock;  // e.g. 3 for that scope; kNoBlock outside the blocks
   NodePhase phase = NodePhase::kForward;
   int stream = 0;     // 0 = compute stream; passes assign communication streams
   bool dead = false;  // removed by a pass; kept in the array so ids stay stable
@@ -68,7 +73,7 @@ class Graph {
   ValueId add_value(TensorMeta meta, ValueRole role, std::string name);
   // Appends a node whose outputs are new activation values with the given metas.
   NodeId add_node(std::string op, std::vector<ValueId> inputs, std::vector<TensorMeta> out_metas,
-                  Attrs attrs, std::string scope, NodePhase phase);
+                  Attrs attrs, std::string scope, BlockIndex block, NodePhase phase);
 
   const Value& value(ValueId v) const;
   Value& value(ValueId v);

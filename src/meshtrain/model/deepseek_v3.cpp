@@ -238,6 +238,7 @@ ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_s
   // Load balancing state: the bias the router adds, the forward's counter (summed over the
   // micro-batches of a step) and the last step's counts for the metrics.
   LoadBalanceLayer lb{.layer = scope,
+                      .block = b.current_block(),
                       .expert_bias = scope + ".expert_bias",
                       .tokens_per_expert = scope + ".tokens_per_expert",
                       .last_load = scope + ".tokens_per_expert_last_step",
@@ -290,7 +291,7 @@ ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in)
   ValueId table = ops::rope_table(b, in.seq_len, a_.qk_rope_head_dim, a_.rope_config(),
                                   cdt == DType::kF64 ? DType::kF64 : DType::kF32);
   for (int l = 0; l < a_.n_layers; ++l) {
-    auto s = b.scope(fmt::format("layers.{}", l));
+    auto s = b.block(l);
     const double init_std = 0.02 / std::sqrt(2.0 * (l + 1));
     ValueId an =
         plan.param(b, b.current_scope() + ".attention_norm.weight", {a_.dim}, InitSpec::ones());

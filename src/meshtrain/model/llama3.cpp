@@ -158,7 +158,7 @@ ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
   ValueId table = ops::rope_table(b, in.seq_len, a_.head_dim(), rc,
                                   cdt == DType::kF64 ? DType::kF64 : DType::kF32);
   for (int l = 0; l < a_.n_layers; ++l) {
-    auto s = b.scope(fmt::format("layers.{}", l));
+    auto s = b.block(l);
     double init_std =
         a_.depth_init ? 0.02 / std::sqrt(2.0 * (l + 1)) : 0.02 / std::sqrt(2.0 * a_.n_layers);
     ValueId an =

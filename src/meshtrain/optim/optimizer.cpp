@@ -44,7 +44,7 @@ void build_optimizer_graph(OptimizerGraph& og, const std::vector<ParamGroup>& gr
   // Load balancing runs where torchtitan's optimizer pre-hook does, before the update (the two
   // are independent). The counts summed over `count_group` make the update the global one.
   for (const LoadBalanceLayer& l : lb.layers) {
-    auto s = b.scope(l.layer + ".load_balance");
+    auto s = b.scope(l.layer + ".load_balance", l.block);
     auto state = [&](const std::string& name) {
       const ParamInfo& p = plan.info(name);
       ValueId v = b.persistent(name, {p.local_shape, p.dtype}, ValueRole::kState);

@@ -39,6 +39,7 @@ struct ParamOptions {
 // with buffer(), all [num_experts] of one float dtype) that the optimizer step reads and updates.
 struct LoadBalanceLayer {
   std::string layer;              // module path, e.g. "layers.1.moe"
+  BlockIndex block = kNoBlock;    // the transformer block it sits in, e.g. 1
   std::string expert_bias;        // "layers.1.moe.expert_bias": read by the router
   std::string tokens_per_expert;  // counter the forward accumulates into, reset by the update
   std::string last_load;          // the counts of the last step, for metrics

@@ -109,11 +109,9 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   if (policy != ReshardAfterForward::kNever && layout && layout->group_size(MeshGroup::kFsdp) > 1) {
     // torchtitan's "default": every transformer block but the last reshards (backward starts
     // with the last block right away); the root parameters stay gathered.
-    const std::string last = fmt::format("layers.{}", n_layers - 1);
-    sg->reshard = reshard_after_forward(g, MeshGroup::kFsdp, [&](const std::string& scope) {
+    sg->reshard = reshard_after_forward(g, MeshGroup::kFsdp, [&](const Node& gather) {
       if (policy == ReshardAfterForward::kAlways) return true;
-      if (scope.rfind("layers.", 0) != 0) return false;
-      return !(scope == last || scope.rfind(last + ".", 0) == 0);
+      return gather.block != kNoBlock && gather.block != n_layers - 1;
     });
   }
   // Then the scheduling passes: buckets over the gathers the passes above left (re-gathers

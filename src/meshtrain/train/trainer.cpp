@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "meshtrain/comm/collective_watchdog.h"
+#include "meshtrain/core/block_name.h"
 #include "meshtrain/core/gpu_sharing.h"
 #include "meshtrain/core/logging.h"
 #include "meshtrain/data/parallel_encode.h"
@@ -453,9 +454,11 @@ StepRecord Trainer::step(bool /*read_back*/) {
   return r;
 }
 
-MoeLayerLoad summarize_moe_load(const std::string& layer, std::vector<double> tokens) {
+MoeLayerLoad summarize_moe_load(const std::string& layer, BlockIndex block,
+                                std::vector<double> tokens) {
   MoeLayerLoad l;
   l.layer = layer;
+  l.block = block;
   l.tokens = std::move(tokens);
   if (l.tokens.empty()) return l;
   l.min = *std::min_element(l.tokens.begin(), l.tokens.end());
@@ -470,13 +473,12 @@ void add_moe_load_metrics(const std::vector<MoeLayerLoad>& loads, StepMetrics& m
   if (loads.empty()) return;
   double sum = 0;
   const MoeLayerLoad* worst = &loads[0];
-  // "layers.3.moe" -> "layers.3": keys read moe.layers.3.load_max.
-  auto block = [](const std::string& layer) {
-    const size_t at = layer.rfind(".moe");
-    return at == std::string::npos ? layer : layer.substr(0, at);
+  // Block 3 -> "layers.3": keys read moe.layers.3.load_max (a layer outside the blocks: its path).
+  auto block = [](const MoeLayerLoad& l) {
+    return l.block == kNoBlock ? l.layer : block_name(l.block);
   };
   for (const MoeLayerLoad& l : loads) {
-    const std::string key = "moe." + block(l.layer);
+    const std::string key = "moe." + block(l);
     m.extra[key + ".load_min"] = l.min;
     m.extra[key + ".load_max"] = l.max;
     m.extra[key + ".load_mean"] = l.mean;
@@ -488,7 +490,7 @@ void add_moe_load_metrics(const std::vector<MoeLayerLoad>& loads, StepMetrics& m
   m.extra["moe.imbalance_avg"] = avg;
   m.extra["moe.imbalance_max"] = worst->imbalance;
   m.summary_suffix = fmt::format("moe load max/mean: avg {:.2f}, worst {:.2f} ({})", avg,
-                                 worst->imbalance, block(worst->layer));
+                                 worst->imbalance, block(*worst));
 }
 
 std::vector<MoeLayerLoad> Trainer::moe_load() {
@@ -511,7 +513,7 @@ std::vector<MoeLayerLoad> Trainer::moe_load() {
     for (int64_t e = 0; e < l.num_experts; ++e)
       tokens[size_t(e)] = host_load_.item_as_double(at + e);
     at += l.num_experts;
-    out.push_back(summarize_moe_load(l.layer, std::move(tokens)));
+    out.push_back(summarize_moe_load(l.layer, l.block, std::move(tokens)));
   }
   return out;
 }

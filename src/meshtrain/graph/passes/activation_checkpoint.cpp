@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "meshtrain/core/block_name.h"
 #include "meshtrain/graph/passes/recompute.h"
 #include "meshtrain/ir/op_registry.h"
 
@@ -22,12 +23,11 @@ bool always_kept(const Node& n) {
 
 std::function<std::string(const Node&)> block_regions(int every_nth_block) {
   return [every_nth_block](const Node& n) -> std::string {
-    if (n.scope.rfind("layers.", 0) != 0) return "";
-    size_t end = n.scope.find('.', 7);
-    std::string id = n.scope.substr(7, end == std::string::npos ? std::string::npos : end - 7);
-    int layer = std::atoi(id.c_str());
-    if (every_nth_block > 1 && (layer + 1) % every_nth_block != 0) return "";
-    return "layers." + id;
+    if (n.block == kNoBlock) return "";
+    if (every_nth_block > 1 && (n.block + 1) % every_nth_block != 0) return "";
+    // Keyed by the block's name: regions are cloned in the order of their keys, which fixes the
+    // ids of the recomputed nodes (the step graphs and their dumps rely on it).
+    return block_name(n.block);
   };
 }
 

@@ -1,8 +1,8 @@
 // Activation checkpointing as a graph pass. Forward nodes are grouped into regions (a
-// transformer block: scope "layers.N"); inside a region, a node the policy does not save is
-// recomputed in backward: it is cloned (phase kRecompute) before the region's first backward
-// reader, and backward reads the clone, so the forward value dies after its last forward use.
-// Saved nodes keep their outputs. FSDP all_gathers are never cloned here (they stay region
+// transformer block: the nodes of one Node::block); inside a region, a node the policy does not
+// save is recomputed in backward: it is cloned (phase kRecompute) before the region's first
+// backward reader, and backward reads the clone, so the forward value dies after its last forward
+// use. Saved nodes keep their outputs. FSDP all_gathers are never cloned here (they stay region
 // inputs; the reshard-after-forward pass, run after this one, gathers them again before the
 // recompute when resharding). The expert token exchange (ep_counts, ep_to_experts,
 // ep_from_experts) is always saved, so a

@@ -4,6 +4,7 @@
 #include "meshtrain/graph/passes/bucket_collectives.h"
 
 #include <algorithm>
+#include <compare>
 #include <map>
 #include <set>
 #include <tuple>
@@ -12,12 +13,6 @@
 
 namespace meshtrain {
 namespace {
-
-// The block a scope belongs to: "layers.N", or "" outside the blocks.
-std::string block_of(const std::string& scope) {
-  if (scope.rfind("layers.", 0) != 0) return "";
-  return scope.substr(0, scope.find('.', 7));
-}
 
 // The longest common dotted prefix of two scopes.
 std::string common_scope(const std::string& a, const std::string& b) {
@@ -112,15 +107,20 @@ NodeId merge(Graph& g, const Bucket& b) {
   std::vector<ValueId> inputs;
   std::vector<TensorMeta> in_metas;
   std::string scope = first.scope;
+  bool one_block = true;
   for (NodeId m : b.members) {
     inputs.push_back(g.node(m).inputs[0]);
     in_metas.push_back(g.value(inputs.back()).meta);
     scope = common_scope(scope, g.node(m).scope);
+    one_block &= g.node(m).block == first.block;
   }
+  // The bucket's block goes with its scope: the members' common one; with no common scope the
+  // first member's scope, and so its block; a common scope above the blocks ("layers"), none.
+  const BlockIndex block = one_block || scope.empty() ? first.block : kNoBlock;
   const OpDef& def = OpRegistry::instance().op(first.op);
   std::vector<TensorMeta> out_metas = def.infer(in_metas, first.attrs);
   const NodeId id = g.add_node(first.op, inputs, out_metas, first.attrs,
-                               scope.empty() ? first.scope : scope, first.phase);
+                               scope.empty() ? first.scope : scope, block, first.phase);
   for (size_t i = 0; i < b.members.size(); ++i) {
     Node& m = g.node(b.members[i]);
     const ValueId old = m.outputs[0];
@@ -163,22 +163,29 @@ BucketStats bucket_collectives(Graph& graph, const BucketOptions& options) {
 
   // Buckets, in schedule order of their first member. Key: kind, phase, group, group size
   // (gathers, reduce-scatters), reduce op and gradient rule (all-reduces), dtype and (block
-  // mode) the block, or the last block seen before a root collective.
-  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int, std::string>;
+  // mode) the block, or (root: true) the last block seen before a root collective.
+  struct Where {
+    bool root = false;
+    BlockIndex block = kNoBlock;
+    auto operator<=>(const Where&) const = default;
+  };
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int, Where>;
   std::map<Key, size_t> open;
   std::vector<Bucket> buckets;
-  std::map<NodePhase, std::string> last_block;
+  std::map<NodePhase, BlockIndex> last_block;
   const OpRegistry& reg = OpRegistry::instance();
   for (NodeId id : order) {
     const Node& n = graph.node(id);
-    const std::string block = block_of(n.scope);
-    if (!block.empty()) last_block[n.phase] = block;
+    if (n.block != kNoBlock) last_block[n.phase] = n.block;
     if (n.inputs.size() != 1 || !pick.is_parameter_collective(n)) continue;
     ++stats.collectives_before;
     const int64_t bytes = int64_t(graph.value(n.inputs[0]).meta.nbytes());
-    std::string where;
-    if (options.mode == BucketMode::kTransformerBlock)
-      where = block.empty() ? "root after " + last_block[n.phase] : block;
+    Where where;
+    if (options.mode == BucketMode::kTransformerBlock) {
+      const auto last = last_block.find(n.phase);
+      where = n.block != kNoBlock ? Where{false, n.block}
+                                  : Where{true, last == last_block.end() ? kNoBlock : last->second};
+    }
     const Key key{int(reg.op(n.op).collective),
                   int(n.phase),
                   n.attrs.i("group"),

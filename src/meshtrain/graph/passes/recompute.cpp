@@ -28,7 +28,7 @@ ValueId Recompute::recomputed(ValueId v, const std::function<bool(const Node&)>&
     std::vector<TensorMeta> metas;
     for (ValueId o : src.outputs) metas.push_back(graph_.value(o).meta);
     const NodeId cid =
-        graph_.add_node(src.op, ins, metas, src.attrs, src.scope, NodePhase::kRecompute);
+        graph_.add_node(src.op, ins, metas, src.attrs, src.scope, src.block, NodePhase::kRecompute);
     const OpDef& def = OpRegistry::instance().op(src.op);
     for (size_t k = 0; k < src.outputs.size(); ++k) {
       const ValueId out = graph_.node(cid).outputs[k];

@@ -18,7 +18,7 @@ bool is_chain_op(const std::string& op) {
 }  // namespace
 
 ReshardStats reshard_after_forward(Graph& graph, MeshGroup group,
-                                   const std::function<bool(const std::string&)>& reshard) {
+                                   const std::function<bool(const Node&)>& reshard) {
   ReshardStats stats;
   const OpRegistry& reg = OpRegistry::instance();
   const auto consumers = graph.consumers();
@@ -28,7 +28,7 @@ ReshardStats reshard_after_forward(Graph& graph, MeshGroup group,
     const Node& start = graph.node(id);
     if (start.dead || start.phase != NodePhase::kForward) continue;
     if (reg.op(start.op).collective != Collective::kAllGather) continue;
-    if (start.attrs.group() != group || !reshard(start.scope)) continue;
+    if (start.attrs.group() != group || !reshard(start)) continue;
 
     // The chain: all_gather, then single-consumer casts/views/slices in forward.
     std::vector<NodeId> chain = {id};
