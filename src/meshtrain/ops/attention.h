@@ -8,6 +8,10 @@
 
 namespace meshtrain::ops {
 
+// The op names, for the tables keyed by op (the cost model's throughput rates).
+inline constexpr const char* kAttentionOp = "attention";
+inline constexpr const char* kAttentionBackwardOp = "attention_backward";
+
 struct AttentionOutputs {
   ValueId out;  // [B, S, Hq, Dv], q's dtype
   ValueId lse;  // [B, Hq, S]: float32 for float32/bf16 inputs, float64 for float64
