@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proves the layer check can fail. On fresh copies of src/, apps/ and ARCHITECTURE.md it plants
 # (1) an upward include, (2) a CUDA-only include in a backend-neutral op file, (3) a layer table
-# with ir/ moved below ops/; check_layers.sh must exit non-zero and name each violation.
+# with ir/ moved below ops/, (4) a forward declaration of a higher layer's type; check_layers.sh
+# must exit non-zero and name each violation.
 # Usage: check_layers_fails.sh ROOT
 set -euo pipefail
 root="$1"
@@ -54,3 +55,9 @@ awk '/^\| `ir\/`/ { held = $0; next } { print } /^\| `ops\/`/ { print held }' \
 first=$(grep -n '#include "meshtrain/ir/' "$work/tree/src/meshtrain/ops/rmsnorm.h" | head -1 | cut -d: -f1)
 expect_failure "reordered table" \
   "src/meshtrain/ops/rmsnorm.h:$first includes layer ir above its own layer ops"
+
+fresh_copy
+# Reaching upward without an include: core/ names train/'s Trainer.
+n=$(plant "$work/tree/src/meshtrain/core/shape.cpp" 'class Trainer;')
+expect_failure "forward declaration" \
+  "src/meshtrain/core/shape.cpp:$n forward-declares Trainer, defined in layer train above its own layer core"

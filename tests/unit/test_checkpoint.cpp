@@ -292,7 +292,7 @@ TEST(CheckpointConfig, TorchtitanKeysAndListSyntax) {
       "\"lr_scheduler\"]\nasync_mode = \"async_with_pinned_mem\"\n");
   EXPECT_TRUE(c.checkpoint.enable);  // the older torchtitan name is an alias
   EXPECT_EQ(c.checkpoint.excluded(), (std::vector<std::string>{"dataloader", "lr_scheduler"}));
-  EXPECT_EQ(c.checkpoint.async_mode, "async_with_pinned_mem");
+  EXPECT_EQ(c.checkpoint.async_mode, CheckpointAsync::kAsyncWithPinnedMem);
   const JobConfig d = JobConfig{};
   EXPECT_FALSE(d.checkpoint.enable);
   EXPECT_EQ(d.checkpoint.folder, "checkpoint");
@@ -301,8 +301,8 @@ TEST(CheckpointConfig, TorchtitanKeysAndListSyntax) {
   EXPECT_EQ(d.checkpoint.load_step, -1);
   EXPECT_TRUE(d.checkpoint.initial_load_model_only);
   EXPECT_TRUE(d.checkpoint.last_save_model_only);
-  EXPECT_EQ(d.checkpoint.export_dtype, "float32");
-  EXPECT_EQ(d.checkpoint.async_mode, "disabled");
+  EXPECT_EQ(d.checkpoint.export_dtype, FileDType::kF32);
+  EXPECT_EQ(d.checkpoint.async_mode, CheckpointAsync::kDisabled);
   EXPECT_CONTAINS(
       error_message<ConfigError>([&] { parse("[checkpoint]\nexclude_from_loading = [1, 2]\n"); }),
       "[checkpoint] exclude_from_loading expects a comma-separated string or an array "

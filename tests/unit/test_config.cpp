@@ -219,7 +219,7 @@ TEST_F(ConfigTest, SelectiveAcOption) {
   };
   EXPECT_EQ(opt("\"op\"").selective_layer_interval(), 0);
   EXPECT_EQ(opt("\"2\"").selective_layer_interval(), 2);
-  EXPECT_EQ(opt("3").selective_ac_option, "3");  // a TOML integer is taken as its text
+  EXPECT_EQ(selective_ac_option_name(opt("3").selective_ac_option), "3");  // an integer, as text
   for (const char* bad : {"\"x\"", "\"0\"", "\"-2\"", "\"2.5\""})
     EXPECT_CONTAINS(config_error([&] { opt(bad); }),
                     "[activation_checkpoint] selective_ac_option must be \"op\" or a positive "

@@ -10,6 +10,7 @@
 #include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/optim/param_store.h"
+#include "meshtrain/train/job_config.h"
 
 namespace meshtrain {
 namespace {
@@ -17,7 +18,7 @@ namespace {
 TEST(LrSchedule, WarmupThenLinearDecayAsTorchtitan) {
   LrSchedule s({.lr = 1.0,
                 .warmup_steps = 4,
-                .decay_type = "linear",
+                .decay_type = LrDecay::kLinear,
                 .min_lr_factor = 0.0,
                 .training_steps = 10});
   // warmup: (step+1)/(warmup+1); decay over 6 steps: progress = (step+1-4)/(6+1)
@@ -32,7 +33,7 @@ TEST(LrSchedule, StablePhaseSqrtCosineAndMinFactor) {
   LrSchedule wsd({.lr = 2.0,
                   .warmup_steps = 2,
                   .decay_ratio = 0.5,
-                  .decay_type = "cosine",
+                  .decay_type = LrDecay::kCosine,
                   .min_lr_factor = 0.1,
                   .training_steps = 10});
   // decay 5 steps, stable 3 (steps 2..4)
@@ -40,9 +41,10 @@ TEST(LrSchedule, StablePhaseSqrtCosineAndMinFactor) {
   EXPECT_DOUBLE_EQ(wsd.factor(4), 1.0);
   double p = (5.0 + 1 - 5) / 6;
   EXPECT_DOUBLE_EQ(wsd.factor(5), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * p)));
-  LrSchedule sq({.lr = 1.0, .warmup_steps = 0, .decay_type = "sqrt", .training_steps = 4});
+  LrSchedule sq({.lr = 1.0, .warmup_steps = 0, .decay_type = LrDecay::kSqrt, .training_steps = 4});
   EXPECT_DOUBLE_EQ(sq.factor(1), 1.0 - std::sqrt(2.0 / 5));
-  EXPECT_THROW(LrSchedule({.decay_type = "exp"}), ConfigError);
+  // An unknown shape cannot reach the schedule: the config edge refuses it.
+  EXPECT_THROW(parse_job_config("", {"--lr_scheduler.decay_type", "exp"}), ConfigError);
 }
 
 TEST(AdamW, TwoStepsMatchTorchArithmeticWithClipping) {

@@ -17,10 +17,10 @@ namespace meshtrain {
 
 namespace fs = std::filesystem;
 
+// The spellings are torch_dtype_name's ([checkpoint] export_dtype parses through the same names).
 FileDType export_file_dtype(const std::string& d) {
-  if (d == "float32") return FileDType::kF32;
-  if (d == "bfloat16") return FileDType::kBF16;
-  if (d == "float16") return FileDType::kF16;
+  for (FileDType f : {FileDType::kF32, FileDType::kBF16, FileDType::kF16})
+    if (d == torch_dtype_name(f)) return f;
   MT_THROW(ConfigError,
            "[checkpoint] export_dtype must be float32, bfloat16 or float16, found '{}'", d);
 }

@@ -3,6 +3,7 @@
 #include "meshtrain/graph/autodiff.h"
 
 #include "meshtrain/ir/builder.h"
+#include "meshtrain/ops/elementwise.h"
 
 namespace meshtrain {
 
@@ -48,16 +49,13 @@ GradientMap differentiate(Graph& graph, ValueId loss, const std::vector<ValueId>
       return;
     }
     DType want = graph.value(grad[v]).meta.dtype;
-    if (gm.dtype != want) g = b.op1("cast", {g}, {{"dtype", int64_t(want)}});
-    grad[v] = b.op1("add", {grad[v], g});
+    if (gm.dtype != want) g = ops::cast(b, g, want);
+    grad[v] = ops::add(b, grad[v], g);
   };
 
   if (const NodeId p = graph.value(loss).producer; p >= 0)
     b.set_scope(graph.node(p).scope, graph.node(p).block);
-  grad[loss] = b.op1("fill", {},
-                     {{"value", 1.0},
-                      {"shape", graph.value(loss).meta.shape.dims()},
-                      {"dtype", int64_t(graph.value(loss).meta.dtype)}});
+  grad[loss] = ops::fill(b, graph.value(loss).meta.shape, graph.value(loss).meta.dtype, 1.0);
 
   for (NodeId i = n_nodes - 1; i >= 0; --i) {
     // Copy: backward rules append nodes, which may reallocate the node array.

@@ -33,6 +33,9 @@ struct GradContext {
 using InferFn = std::function<std::vector<TensorMeta>(const std::vector<TensorMeta>& inputs,
                                                       const Attrs& attrs)>;
 using BackwardFn = std::function<std::vector<ValueId>(GradContext& ctx)>;
+// FLOPs of one node of a compute-heavy op whose count is not the matmul rule (2 · output
+// elements · the last dim of input 0), from the shapes and attrs alone (the cost model).
+using FlopsFn = std::function<int64_t(const std::vector<TensorMeta>& inputs, const Attrs& attrs)>;
 // Scratch bytes a kernel needs for one node (shapes only, never data: the memory plan is fixed
 // before the first step). Registered with the kernel that lays the scratch out.
 using WorkspaceFn =
@@ -61,6 +64,7 @@ struct OpDef {
   bool cast = false;           // converts the dtype, element for element
   bool rearranges = false;     // output elements are input elements moved (reshape, slice, ...)
   bool compute_heavy = false;  // matmul-class cost: per-op selective AC saves its outputs
+  FlopsFn flops;               // compute_heavy ops only; empty: the matmul rule
   bool sums_inputs = false;    // output = element-wise sum of its same-shaped inputs
   // Output = zeros of extent attr "full_extent" along attr "dim", input 0 placed at attr
   // "start": the gradient of a slice.
@@ -73,6 +77,9 @@ struct OpDef {
   int capacity_from_input = -1;
   // >= 0: the kernel also publishes that output on the host (moe/host_counts.h).
   int host_published_output = -1;
+  // >= 0: that output is a MoE layer's expert groups, which the CUDA kernel also copies to pinned
+  // host memory for the grouped GEMMs (moe/cuda/plan_groups.h).
+  int publishes_groups_output = -1;
   bool is_collective() const { return collective != Collective::kNone; }
 };
 

@@ -82,7 +82,7 @@ ValueId moe_permute(Builder& b, ValueId x, const DispatchPlan& plan, ValueId wei
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
-  r.add_op({.name = "moe_dispatch_plan", .infer = infer_plan});
+  r.add_op({.name = "moe_dispatch_plan", .infer = infer_plan, .publishes_groups_output = 1});
   r.add_op({.name = "moe_permute", .infer = infer_permute, .backward = [](GradContext& c) {
               const bool weighted = c.node.inputs.size() == 3;
               const ValueId w = weighted ? c.in(2) : kNoValue;

@@ -30,6 +30,19 @@ AttentionDims attention_dims(const TensorMeta& q, const TensorMeta& k, const Ten
   return d;
 }
 
+namespace {
+// The two S×S matmuls of attention (QKᵀ and PV), halved under the causal mask; the backward does
+// 2.5 times the forward's work. q [B, S, H, Dqk], v [B, S, H, Dv].
+int64_t attention_flops(const std::vector<TensorMeta>& in, const Attrs& a, double times_forward) {
+  const Shape& q = in.at(0).shape;
+  const Shape& v = in.at(2).shape;
+  const double fwd =
+      2.0 * double(q[0]) * double(q[2]) * double(q[1]) * double(q[1]) * double(q[3] + v[3]) / 2.0;
+  const double causal = a.i("causal", 1) ? 1.0 : 2.0;  // causal: half of S²
+  return int64_t(causal * (times_forward * fwd));
+}
+}  // namespace
+
 DType attention_lse_dtype(DType input) { return input == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 const char* attention_kernel_name(AttentionKernel k) {
@@ -49,7 +62,7 @@ AttentionKernel attention_kernel_of(const Attrs& attrs) {
 AttentionOutputs attention(Builder& b, ValueId q, ValueId k, ValueId v, double softmax_scale,
                            bool causal, AttentionKernel kernel) {
   std::vector<ValueId> o = b.op(
-      "attention", {q, k, v},
+      kAttentionOp, {q, k, v},
       {{"softmax_scale", softmax_scale}, {"causal", int64_t(causal)}, {"kernel", int64_t(kernel)}});
   return {o[0], o[1]};
 }
@@ -58,14 +71,14 @@ AttentionGrads attention_backward(Builder& b, ValueId q, ValueId k, ValueId v, V
                                   ValueId lse, ValueId dout, double softmax_scale, bool causal,
                                   AttentionKernel kernel) {
   std::vector<ValueId> g = b.op(
-      "attention_backward", {q, k, v, out, lse, dout},
+      kAttentionBackwardOp, {q, k, v, out, lse, dout},
       {{"softmax_scale", softmax_scale}, {"causal", int64_t(causal)}, {"kernel", int64_t(kernel)}});
   return {g[0], g[1], g[2]};
 }
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
-  r.add_op({.name = "attention",
+  r.add_op({.name = kAttentionOp,
             .infer =
                 [](const std::vector<TensorMeta>& in, const Attrs&) {
                   MT_CHECK_T(ShapeError, in.size() == 3,
@@ -86,9 +99,11 @@ MT_REGISTER_OPS {
                       a.f("softmax_scale"), a.b("causal"), attention_kernel_of(a));
                   return std::vector<ValueId>{g.dq, g.dk, g.dv};
                 },
-            .compute_heavy = true});
+            .compute_heavy = true,
+            .flops = [](const std::vector<TensorMeta>& in,
+                        const Attrs& a) { return attention_flops(in, a, 1.0); }});
   r.add_op(
-      {.name = "attention_backward",
+      {.name = kAttentionBackwardOp,
        .infer =
            [](const std::vector<TensorMeta>& in, const Attrs&) {
              MT_CHECK_T(ShapeError, in.size() == 6,
@@ -105,7 +120,9 @@ MT_REGISTER_OPS {
                         in[4].dtype, in[4].shape);
              return std::vector<TensorMeta>{in[0], in[1], in[2]};
            },
-       .compute_heavy = true});
+       .compute_heavy = true,
+       .flops = [](const std::vector<TensorMeta>& in,
+                   const Attrs& a) { return attention_flops(in, a, 2.5); }});
 }
 
 }  // namespace meshtrain::ops

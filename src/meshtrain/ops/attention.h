@@ -8,6 +8,10 @@
 
 namespace meshtrain::ops {
 
+// The op names, for the tables keyed by op (the cost model's throughput rates).
+inline constexpr const char* kAttentionOp = "attention";
+inline constexpr const char* kAttentionBackwardOp = "attention_backward";
+
 // Which kernels run `attention` and its backward on CUDA ([model] attention_backend): kAuto takes
 // cuDNN's fused attention where the build has it and cuDNN accepts the shape (bf16, equal q and kv
 // heads), else meshtrain's own kernels; kCudnn insists (an unsupported node is an error naming

@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "meshtrain/core/check.h"
-
 namespace meshtrain {
 
 LrSchedule::LrSchedule(const LrScheduleConfig& c) : config_(c) {
@@ -14,9 +12,6 @@ LrSchedule::LrSchedule(const LrScheduleConfig& c) : config_(c) {
                               : c.training_steps - warmup_;
   decay_ = std::max<int64_t>(decay_, 0);
   stable_ = std::max<int64_t>(c.training_steps - warmup_ - decay_, 0);
-  MT_CHECK_T(ConfigError,
-             c.decay_type == "linear" || c.decay_type == "sqrt" || c.decay_type == "cosine",
-             "[lr_scheduler] decay_type must be linear, sqrt or cosine, found '{}'", c.decay_type);
 }
 
 double LrSchedule::factor(int64_t step) const {
@@ -25,13 +20,12 @@ double LrSchedule::factor(int64_t step) const {
   if (step < warmup_) return double(step + 1) / double(warmup_ + 1);
   if (step < warm_stable || decay_ == 0) return 1.0;
   double progress = double(step + 1 - warm_stable) / double(decay_ + 1);
-  double adj;
-  if (config_.decay_type == "linear")
-    adj = 1.0 - progress;
-  else if (config_.decay_type == "sqrt")
-    adj = 1.0 - std::sqrt(progress);
-  else
-    adj = 0.5 * (1.0 + std::cos(M_PI * progress));
+  double adj = 0.0;
+  switch (config_.decay_type) {
+    case LrDecay::kLinear: adj = 1.0 - progress; break;
+    case LrDecay::kSqrt: adj = 1.0 - std::sqrt(progress); break;
+    case LrDecay::kCosine: adj = 0.5 * (1.0 + std::cos(M_PI * progress)); break;
+  }
   return config_.min_lr_factor + (1.0 - config_.min_lr_factor) * adj;
 }
 

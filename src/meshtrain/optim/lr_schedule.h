@@ -3,15 +3,16 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 namespace meshtrain {
+
+enum class LrDecay : uint8_t { kLinear, kSqrt, kCosine };
 
 struct LrScheduleConfig {
   double lr = 8e-4;
   int64_t warmup_steps = 200;
-  double decay_ratio = -1;            // < 0: decay over every step after warmup
-  std::string decay_type = "linear";  // linear | sqrt | cosine
+  double decay_ratio = -1;  // < 0: decay over every step after warmup
+  LrDecay decay_type = LrDecay::kLinear;
   double min_lr_factor = 0.0;
   int64_t training_steps = 1;
 };

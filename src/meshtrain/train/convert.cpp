@@ -57,7 +57,8 @@ class ProgressMeter {
 // [training] mixed_precision_param, or for "auto" the recorded device's default (cpu when "auto").
 std::unique_ptr<StepGraph> graph_of(JobConfig cfg) {
   cfg.training.local_batch_size = 1;
-  const std::string device = cfg.job.device == "cuda" ? "cuda" : "cpu";
+  const DeviceType device =
+      cfg.job.device == DeviceChoice::kCuda ? DeviceType::kCUDA : DeviceType::kCPU;
   return build_step_graph(
       cfg, nullptr,
       {.tokenizer_vocab = 1,

@@ -10,6 +10,7 @@
 #include "meshtrain/core/check.h"
 #include "meshtrain/graph/graph_dump.h"
 #include "meshtrain/ir/op_registry.h"
+#include "meshtrain/ops/attention.h"
 
 namespace meshtrain {
 
@@ -71,8 +72,8 @@ ThroughputTable default_throughput_table(DeviceType device) {
     t.flops_per_s = {{"matmul", 1.034e11},
                      {"grouped_matmul", 3.355e10},
                      {"grouped_matmul_wgrad", 3.396e10},
-                     {"attention", 1.048e10},
-                     {"attention_backward", 1.155e10}};
+                     {ops::kAttentionOp, 1.048e10},
+                     {ops::kAttentionBackwardOp, 1.155e10}};
   } else {
     // H200, from bench/RESULTS.md (2026-12-02): dense GEMMs ~780 TFLOP/s (bench_gemm on model
     // shapes, 623-815), expert GEMMs ~440 (the DeepSeek 16B-4L trace), attention 302 forward /
@@ -86,8 +87,8 @@ ThroughputTable default_throughput_table(DeviceType device) {
     t.default_bytes_per_s = 3.4e12;
     t.flops_per_s = {{"grouped_matmul", 440e12},
                      {"grouped_matmul_wgrad", 440e12},
-                     {"attention", 302e12},
-                     {"attention_backward", 197e12}};
+                     {ops::kAttentionOp, 302e12},
+                     {ops::kAttentionBackwardOp, 197e12}};
   }
   return t;
 }
@@ -151,13 +152,10 @@ NodeWork node_work(const Graph& g, const Node& n) {
   if (d.compute_heavy && !n.inputs.empty()) {
     w.heavy = true;
     const Shape& in0 = g.value(n.inputs[0]).meta.shape;
-    if (d.name == "attention" || d.name == "attention_backward") {
-      // q [B, S, H, Dqk]; the output (forward) or the q gradient's partner v [B, S, H, Dv].
-      const Shape& v = g.value(n.inputs.at(2)).meta.shape;
-      const double fwd = 2.0 * double(in0[0]) * double(in0[2]) * double(in0[1]) * double(in0[1]) *
-                         double(in0[3] + v[3]) / 2.0;
-      const double causal = n.attrs.i("causal", 1) ? 1.0 : 2.0;  // causal: half of S²
-      w.flops = int64_t(causal * (d.name == "attention" ? fwd : 2.5 * fwd));
+    if (d.flops) {  // the op counts its own (attention)
+      std::vector<TensorMeta> in;
+      for (ValueId v : n.inputs) in.push_back(g.value(v).meta);
+      w.flops = d.flops(in, n.attrs);
       return w;
     }
     const int64_t k = in0.rank() > 0 ? in0[in0.rank() - 1] : 1;

@@ -8,23 +8,11 @@
 #include <limits>
 #include <string>
 
+#include "meshtrain/checkpoint/hf_checkpoint.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/train/job_config_table.h"
 
 namespace meshtrain {
-
-const char* reshard_after_forward_name(ReshardAfterForward r) {
-  switch (r) {
-    case ReshardAfterForward::kDefault: return "default";
-    case ReshardAfterForward::kAlways: return "always";
-    case ReshardAfterForward::kNever: return "never";
-  }
-  return "default";
-}
-
-int ActivationCheckpointSection::selective_layer_interval() const {
-  return selective_ac_option == "op" ? 0 : std::stoi(selective_ac_option);
-}
 
 namespace job_config_detail {
 
@@ -58,6 +46,17 @@ std::string check_selective_ac_option(const std::string& s) {
                                    : "\"op\" or a positive integer such as \"2\" (every 2nd layer)";
 }
 
+// The one parse of selective_ac_option, after check_selective_ac_option accepted it.
+SelectiveAcOption parse_selective_ac_option(const std::string& s) {
+  if (s == "op") return {.kind = SelectiveAcKind::kOp, .every_n = 0};
+  return {.kind = SelectiveAcKind::kEveryNthLayer, .every_n = std::stoi(s)};
+}
+
+// "auto" is nullopt: the trainer picks the device's compute dtype.
+const char* compute_dtype_choice_name(std::optional<DType> d) {
+  return d ? dtype_name(*d) : "auto";
+}
+
 std::vector<std::string> dataset_names() {
   return {"fortunes", "text", "jsonl", "tokens", "c4_test", "c4", "c4_validation"};
 }
@@ -75,10 +74,10 @@ std::vector<Binding> make_bindings() {
   t.push_back(
       field("job", "save_config_file", &J::job, &JobSection::save_config_file,
             "Also save the effective config as JSON to this file in dump_folder; \"\" = no"));
-  t.push_back(
-      field("job", "device", &J::job, &JobSection::device,
-            "Device to train on; auto = cuda when built with CUDA and a GPU is visible, else cpu",
-            {"auto", "cpu", "cuda"}));
+  t.push_back(choice_field(
+      "job", "device", &J::job, &JobSection::device,
+      "Device to train on; auto = cuda when built with CUDA and a GPU is visible, else cpu",
+      {DeviceChoice::kAuto, DeviceChoice::kCpu, DeviceChoice::kCuda}, device_choice_name));
   t.push_back(field("job", "dump_graph", &J::job, &JobSection::dump_graph,
                     "Write rank 0's scheduled step and optimizer graphs (ops, shapes, streams, "
                     "collectives, memory offsets) to <dump_folder>/step_graph.txt at start-up"));
@@ -109,19 +108,21 @@ std::vector<Binding> make_bindings() {
             "MoE models: all-zero initial router gate (every score ties, and a small random "
             "expert bias picks the experts every token goes to; for testing experts and "
             "ranks that receive nothing)"));
-  t.push_back(field("model", "attention_backend", &J::model, &ModelSection::attention_backend,
-                    "Which kernels run attention on CUDA: \"auto\" = cuDNN's fused attention "
-                    "where the build has cuDNN and it takes the shape (bf16, as many kv heads as "
-                    "q heads), else meshtrain's; \"cudnn\" = cuDNN or an error; \"meshtrain\" "
-                    "= meshtrain's own kernels. Same arithmetic up to rounding; both backwards "
-                    "are deterministic",
-                    {"auto", "cudnn", "meshtrain"}));
+  t.push_back(choice_field(
+      "model", "attention_backend", &J::model, &ModelSection::attention_backend,
+      "Which kernels run attention on CUDA: \"auto\" = cuDNN's fused attention "
+      "where the build has cuDNN and it takes the shape (bf16, as many kv heads as "
+      "q heads), else meshtrain's; \"cudnn\" = cuDNN or an error; \"meshtrain\" "
+      "= meshtrain's own kernels. Same arithmetic up to rounding; both backwards "
+      "are deterministic",
+      {ops::AttentionKernel::kAuto, ops::AttentionKernel::kCudnn, ops::AttentionKernel::kMeshtrain},
+      ops::attention_kernel_name));
   t.push_back(field("model", "hf_config", &J::model, &ModelSection::hf_config,
                     "HF config.json (or a folder holding one) giving the model's dims instead of "
                     "the flavor; \"\" = the flavor's"));
   // [optimizer]
-  t.push_back(field("optimizer", "name", &J::optimizer, &OptimizerSection::name, "Optimizer to use",
-                    {"AdamW"}));
+  t.push_back(choice_field("optimizer", "name", &J::optimizer, &OptimizerSection::name,
+                           "Optimizer to use", {OptimizerKind::kAdamW}, optimizer_kind_name));
   t.push_back(field("optimizer", "lr", &J::optimizer, &OptimizerSection::lr, "Learning rate to use")
                   .at_least(0));
   t.push_back(field("optimizer", "beta1", &J::optimizer, &OptimizerSection::beta1,
@@ -160,8 +161,9 @@ std::vector<Binding> make_bindings() {
     b.store = [](const J& c) -> ConfigValue { return c.lr_scheduler.decay_ratio.value_or(-1.0); };
     t.push_back(std::move(b));
   }
-  t.push_back(field("lr_scheduler", "decay_type", &J::lr_scheduler, &LRSchedulerSection::decay_type,
-                    "Learning rate decay shape", {"linear", "sqrt", "cosine"}));
+  t.push_back(choice_field("lr_scheduler", "decay_type", &J::lr_scheduler,
+                           &LRSchedulerSection::decay_type, "Learning rate decay shape",
+                           {LrDecay::kLinear, LrDecay::kSqrt, LrDecay::kCosine}, lr_decay_name));
   t.push_back(field("lr_scheduler", "min_lr_factor", &J::lr_scheduler,
                     &LRSchedulerSection::min_lr_factor,
                     "The lr decays to lr * min_lr_factor, never below")
@@ -212,16 +214,18 @@ std::vector<Binding> make_bindings() {
                     &TrainingSection::dataset_text_field,
                     "jsonl dataset: the string field of each line's JSON object that holds the "
                     "document"));
-  t.push_back(field(
+  t.push_back(choice_field(
       "training", "mixed_precision_param", &J::training, &TrainingSection::mixed_precision_param,
       "Dtype of parameters in forward/backward; auto = bfloat16 on cuda, float32 on cpu",
-      {"auto", "bfloat16", "float32", "float64"}));
-  t.push_back(field("training", "mixed_precision_reduce", &J::training,
-                    &TrainingSection::mixed_precision_reduce, "Dtype of gradient reductions",
-                    {"float32", "float64", "bfloat16"}));
-  t.push_back(field("training", "master_dtype", &J::training, &TrainingSection::master_dtype,
-                    "Dtype of master weights and optimizer state (float64 for exact parity tests)",
-                    {"float32", "float64"}));
+      std::vector<std::optional<DType>>{std::nullopt, DType::kBF16, DType::kF32, DType::kF64},
+      compute_dtype_choice_name));
+  t.push_back(choice_field("training", "mixed_precision_reduce", &J::training,
+                           &TrainingSection::mixed_precision_reduce, "Dtype of gradient reductions",
+                           {DType::kF32, DType::kF64, DType::kBF16}, dtype_name));
+  t.push_back(
+      choice_field("training", "master_dtype", &J::training, &TrainingSection::master_dtype,
+                   "Dtype of master weights and optimizer state (float64 for exact parity tests)",
+                   {DType::kF32, DType::kF64}, dtype_name));
   // [metrics]
   t.push_back(field("metrics", "log_freq", &J::metrics, &MetricsSection::log_freq,
                     "How often to log metrics, in steps")
@@ -250,22 +254,13 @@ std::vector<Binding> make_bindings() {
           .at_least(1)
           .or_sentinel(int64_t{-1}, "auto"));
   {
-    static const JobConfig defaults{};
-    Binding b;
-    b.spec =
-        KeySpec::choice("parallelism", "fsdp_reshard_after_forward", {"default", "always", "never"},
-                        reshard_after_forward_name(defaults.parallelism.fsdp_reshard_after_forward),
-                        "Re-gather parameters in backward instead of keeping them from forward")
-            .booleans_map_to("always", "never");
-    b.load = [](J& c, const ConfigValue& v) {
-      const std::string& s = std::get<std::string>(v);
-      c.parallelism.fsdp_reshard_after_forward = s == "always"  ? ReshardAfterForward::kAlways
-                                                 : s == "never" ? ReshardAfterForward::kNever
-                                                                : ReshardAfterForward::kDefault;
-    };
-    b.store = [](const J& c) -> ConfigValue {
-      return std::string(reshard_after_forward_name(c.parallelism.fsdp_reshard_after_forward));
-    };
+    Binding b = choice_field(
+        "parallelism", "fsdp_reshard_after_forward", &J::parallelism,
+        &ParallelismSection::fsdp_reshard_after_forward,
+        "Re-gather parameters in backward instead of keeping them from forward",
+        {ReshardAfterForward::kDefault, ReshardAfterForward::kAlways, ReshardAfterForward::kNever},
+        reshard_after_forward_name);
+    b.spec.booleans_map_to("always", "never");
     t.push_back(std::move(b));
   }
   t.push_back(field("parallelism", "tensor_parallel_degree", &J::parallelism,
@@ -294,7 +289,7 @@ std::vector<Binding> make_bindings() {
             "plans the worst case. Default: the most any rank received in the routing measured "
             "on the DeepSeek-V3 debug model with load balancing, with headroom (README)")
           .at_least(0.1));
-  t.push_back(field(
+  t.push_back(choice_field(
       "parallelism", "expert_exchange", &J::parallelism, &ParallelismSection::expert_exchange,
       "Expert parallel token exchange. synced: each MoE layer's counts come to the host once per "
       "micro-batch and size the exchange and the grouped GEMMs exactly (one host wait per "
@@ -302,12 +297,13 @@ std::vector<Binding> make_bindings() {
       "expert_capacity_factor × its share of the rows, the grouped GEMMs run over whole slots "
       "(padding costs FLOPs), and a step whose rows do not fit is redone synced (dropless, "
       "logged). Padded wants a capacity factor above the routing's max/mean load",
-      {"synced", "padded"}));
+      {ExpertExchange::kSynced, ExpertExchange::kPadded}, expert_exchange_name));
   // [activation_checkpoint]
   {
-    Binding b = field("activation_checkpoint", "mode", &J::activation_checkpoint,
-                      &ActivationCheckpointSection::mode, "Activation checkpointing",
-                      {"none", "full", "selective", "memory_budget"});
+    Binding b = choice_field("activation_checkpoint", "mode", &J::activation_checkpoint,
+                             &ActivationCheckpointSection::mode, "Activation checkpointing",
+                             {AcMode::kNone, AcMode::kFull, AcMode::kSelective}, ac_mode_name,
+                             {"memory_budget"});
     b.spec.honours_only(
         [](const ConfigValue& v) { return std::get<std::string>(v) != "memory_budget"; },
         "memory_budget is torch.compile's min-cut partitioner; meshtrain recomputes whole "
@@ -315,20 +311,33 @@ std::vector<Binding> make_bindings() {
     t.push_back(std::move(b));
   }
   {
-    Binding b = field("activation_checkpoint", "selective_ac_option", &J::activation_checkpoint,
-                      &ActivationCheckpointSection::selective_ac_option,
-                      "Selective AC: \"op\" for per-op, or \"N\" to checkpoint every N-th layer");
-    b.spec.accepts_integers().validated_by(check_selective_ac_option);
+    static const JobConfig defaults{};
+    Binding b;
+    b.spec = KeySpec::string(
+                 "activation_checkpoint", "selective_ac_option",
+                 selective_ac_option_name(defaults.activation_checkpoint.selective_ac_option),
+                 "Selective AC: \"op\" for per-op, or \"N\" to checkpoint every N-th layer")
+                 .accepts_integers()
+                 .validated_by(check_selective_ac_option);
+    b.load = [](J& c, const ConfigValue& v) {
+      c.activation_checkpoint.selective_ac_option =
+          parse_selective_ac_option(std::get<std::string>(v));
+    };
+    b.store = [](const J& c) -> ConfigValue {
+      return selective_ac_option_name(c.activation_checkpoint.selective_ac_option);
+    };
     t.push_back(std::move(b));
   }
   // [compile]
   {
-    Binding b = field("compile", "graph_passes", &J::compile, &CompileSection::graph_passes,
-                      "Scheduling passes (SimpleFSDP's graph_passes): bucket the FSDP gathers and "
-                      "reduce-scatters per transformer block, or by size (bucket_cap_mb), and "
-                      "prefetch them max_gathered_blocks - 1 blocks ahead; none = one collective "
-                      "per parameter in program order",
-                      {"transformer_block_bucketing", "size_bucketing", "none", "auto_bucketing"});
+    Binding b =
+        choice_field("compile", "graph_passes", &J::compile, &CompileSection::graph_passes,
+                     "Scheduling passes (SimpleFSDP's graph_passes): bucket the FSDP gathers and "
+                     "reduce-scatters per transformer block, or by size (bucket_cap_mb), and "
+                     "prefetch them max_gathered_blocks - 1 blocks ahead; none = one collective "
+                     "per parameter in program order",
+                     {BucketMode::kTransformerBlock, BucketMode::kSize, BucketMode::kNone},
+                     graph_passes_name, {"auto_bucketing"});
     b.spec.honours_only(
         [](const ConfigValue& v) { return std::get<std::string>(v) != "auto_bucketing"; },
         "auto_bucketing is torch.compile's estimator-driven bucketing; meshtrain buckets per "
@@ -409,12 +418,15 @@ std::vector<Binding> make_bindings() {
                   .alias("last_save_model_weights_only"));
   t.push_back(field("checkpoint", "last_save_in_hf", &J::checkpoint, &C::last_save_in_hf,
                     "The save at the last step is in Hugging Face layout"));
-  t.push_back(field("checkpoint", "export_dtype", &J::checkpoint, &C::export_dtype,
-                    "Dtype of the model-only last save", {"float16", "bfloat16", "float32"}));
-  t.push_back(field("checkpoint", "async_mode", &J::checkpoint, &C::async_mode,
-                    "disabled = the step loop waits for saves; async = only for the host "
-                    "snapshot, files are written in the background",
-                    {"disabled", "async", "async_with_pinned_mem"}));
+  t.push_back(choice_field("checkpoint", "export_dtype", &J::checkpoint, &C::export_dtype,
+                           "Dtype of the model-only last save",
+                           {FileDType::kF16, FileDType::kBF16, FileDType::kF32}, torch_dtype_name));
+  t.push_back(choice_field(
+      "checkpoint", "async_mode", &J::checkpoint, &C::async_mode,
+      "disabled = the step loop waits for saves; async = only for the host "
+      "snapshot, files are written in the background",
+      {CheckpointAsync::kDisabled, CheckpointAsync::kAsync, CheckpointAsync::kAsyncWithPinnedMem},
+      checkpoint_async_name));
   {
     Binding b =
         field("checkpoint", "exclude_from_loading", &J::checkpoint, &C::exclude_from_loading,
@@ -536,11 +548,11 @@ void validate_job_config(const JobConfig& c) {
              "[training] global_batch_size must be a multiple of [training] local_batch_size "
              "(times the data-parallel degree), found {} and {}",
              t.global_batch_size, t.local_batch_size);
-  if (t.mixed_precision_param == "float64" && t.master_dtype != "float64")
+  if (t.mixed_precision_param == DType::kF64 && t.master_dtype != DType::kF64)
     MT_THROW(ConfigError,
              "[training] mixed_precision_param float64 needs [training] master_dtype float64, "
              "found master_dtype {}",
-             t.master_dtype);
+             dtype_name(t.master_dtype));
 }
 
 JobConfig parse_job_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -11,7 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/file_dtype.h"
 #include "meshtrain/core/config.h"
+#include "meshtrain/core/dtype.h"
+#include "meshtrain/graph/passes/bucket_collectives.h"
+#include "meshtrain/ops/attention.h"
+#include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/parallel/plan.h"
 
 namespace meshtrain {
@@ -20,12 +25,35 @@ namespace meshtrain {
 enum class ReshardAfterForward { kDefault, kAlways, kNever };
 const char* reshard_after_forward_name(ReshardAfterForward r);
 
+// The enumerated keys, parsed once in job_config.cpp. Each *_name gives the TOML spelling, which
+// the effective config, `meshtrain plan` and the logs print.
+enum class DeviceChoice : uint8_t { kAuto, kCpu, kCuda };  // [job] device
+const char* device_choice_name(DeviceChoice d);
+enum class OptimizerKind : uint8_t { kAdamW };  // [optimizer] name
+const char* optimizer_kind_name(OptimizerKind o);
+const char* lr_decay_name(LrDecay d);  // [lr_scheduler] decay_type (the enum is optim/'s)
+enum class ExpertExchange : uint8_t { kSynced, kPadded };  // [parallelism] expert_exchange
+const char* expert_exchange_name(ExpertExchange e);
+enum class AcMode : uint8_t { kNone, kFull, kSelective };  // [activation_checkpoint] mode
+const char* ac_mode_name(AcMode m);
+// [activation_checkpoint] selective_ac_option: "op" (per-op) or "N" (every N-th layer).
+enum class SelectiveAcKind : uint8_t { kOp, kEveryNthLayer };
+struct SelectiveAcOption {
+  SelectiveAcKind kind = SelectiveAcKind::kEveryNthLayer;
+  int every_n = 2;  // kEveryNthLayer only
+  bool operator==(const SelectiveAcOption&) const = default;
+};
+std::string selective_ac_option_name(const SelectiveAcOption& o);
+const char* graph_passes_name(BucketMode m);  // [compile] graph_passes (the enum is graph/'s)
+enum class CheckpointAsync : uint8_t { kDisabled, kAsync, kAsyncWithPinnedMem };
+const char* checkpoint_async_name(CheckpointAsync a);  // [checkpoint] async_mode
+
 struct JobSection {
   std::string dump_folder = "./outputs";
   std::string description = "default job";
   bool print_config = false;     // rank 0 logs the effective config (TOML) at start-up
   std::string save_config_file;  // "" = none; else JSON of the config, inside dump_folder
-  std::string device = "auto";   // "auto" | "cpu" | "cuda"; the trainer resolves "auto"
+  DeviceChoice device = DeviceChoice::kAuto;  // the trainer resolves kAuto
   // Write rank 0's scheduled step and optimizer graphs to <dump_folder>/step_graph.txt at
   // start-up (what `meshtrain plan --dump-graph` prints).
   bool dump_graph = false;
@@ -48,14 +76,14 @@ struct ModelSection {
   // lowest-numbered experts (the rest, and the EP ranks owning them, receive nothing). For tests
   // of empty experts; training moves the gate away from zero after the first step.
   bool router_zero_init = false;
-  std::string attention_backend = "auto";  // "auto" | "cudnn" | "meshtrain" (CUDA kernels)
+  ops::AttentionKernel attention_backend = ops::AttentionKernel::kAuto;  // the CUDA kernels
   // An HF config.json (or a folder holding one) whose dims the model takes instead of the
   // flavor's; "" = the flavor. [model] name must match its architecture.
   std::string hf_config;
 };
 
 struct OptimizerSection {
-  std::string name = "AdamW";
+  OptimizerKind name = OptimizerKind::kAdamW;
   double lr = 8e-4;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -69,8 +97,8 @@ struct LRSchedulerSection {
   // Unset: decay starts right after warmup. Set: warmup-stable-decay, decaying over the last
   // `decay_ratio` of the steps. TOML spells unset as -1 (or by leaving the key out).
   std::optional<double> decay_ratio;
-  std::string decay_type = "linear";  // "linear" | "sqrt" | "cosine"
-  double min_lr_factor = 0.0;         // the lr never drops below lr * min_lr_factor
+  LrDecay decay_type = LrDecay::kLinear;
+  double min_lr_factor = 0.0;  // the lr never drops below lr * min_lr_factor
 };
 
 struct TrainingSection {
@@ -87,11 +115,12 @@ struct TrainingSection {
   int64_t seed = 0;  // torchtitan leaves it unset (random); meshtrain always seeds runs
   // "fortunes" | "text" | "jsonl" | "tokens", or torchtitan's "c4_test" | "c4" | "c4_validation"
   std::string dataset = "fortunes";
-  std::string dataset_path;                    // "" = the dataset's default location
-  std::string dataset_text_field = "text";     // jsonl: the JSON field holding a document
-  std::string mixed_precision_param = "auto";  // "auto" = bfloat16 on cuda, float32 on cpu
-  std::string mixed_precision_reduce = "float32";
-  std::string master_dtype = "float32";  // master weights and optimizer state
+  std::string dataset_path;                 // "" = the dataset's default location
+  std::string dataset_text_field = "text";  // jsonl: the JSON field holding a document
+  // nullopt ("auto") = bfloat16 on cuda, float32 on cpu
+  std::optional<DType> mixed_precision_param;
+  DType mixed_precision_reduce = DType::kF32;
+  DType master_dtype = DType::kF32;  // master weights and optimizer state
 };
 
 struct MetricsSection {
@@ -122,12 +151,12 @@ struct ParallelismSection {
   int expert_parallel_degree = 1;
   int expert_tensor_parallel_degree = 1;
   double expert_capacity_factor = kDefaultExpertCapacityFactor;
-  std::string expert_exchange = "synced";  // "synced" | "padded" (moe/padded_exchange.h)
+  ExpertExchange expert_exchange = ExpertExchange::kSynced;  // kPadded: moe/padded_exchange.h
 };
 
 struct ActivationCheckpointSection {
-  std::string mode = "none";              // "none" | "full" | "selective"
-  std::string selective_ac_option = "2";  // "op", or "N" = checkpoint every N-th layer
+  AcMode mode = AcMode::kNone;
+  SelectiveAcOption selective_ac_option;  // default: every 2nd layer
   // 0 for "op" (per-op selective AC), else N.
   int selective_layer_interval() const;
 };
@@ -135,7 +164,7 @@ struct ActivationCheckpointSection {
 // [compile]: the scheduling passes over the step graph (torchtitan's SimpleFSDP graph_passes).
 struct CompileSection {
   // "transformer_block_bucketing" | "size_bucketing" | "none" (one collective per parameter)
-  std::string graph_passes = "transformer_block_bucketing";
+  BucketMode graph_passes = BucketMode::kTransformerBlock;
   int64_t bucket_cap_mb = 25;       // size_bucketing: a bucket closes at this many MiB
   int64_t max_gathered_blocks = 2;  // blocks whose weights are gathered at once; 1 = no prefetch
 };
@@ -179,8 +208,9 @@ struct CheckpointSection {
   bool initial_load_in_hf = false;
   bool last_save_model_only = true;
   bool last_save_in_hf = false;
-  std::string export_dtype = "float32";  // float16 | bfloat16 | float32
-  std::string async_mode = "disabled";   // disabled | async | async_with_pinned_mem (= async)
+  FileDType export_dtype = FileDType::kF32;  // float16 | bfloat16 | float32
+  // disabled | async | async_with_pinned_mem (= async)
+  CheckpointAsync async_mode = CheckpointAsync::kDisabled;
   // Comma-separated: optimizer, lr_scheduler, dataloader, train_state.
   std::string exclude_from_loading;
   std::vector<std::string> excluded() const;

@@ -82,6 +82,41 @@ Binding field(const char* section, const char* name, Sec JobConfig::*sec, T Sec:
   return b;
 }
 
+// The one parse of a closed-choice key: the value of `values` whose TOML spelling is `s`. The
+// schema has checked `s` against the choices (with its own message); a miss here is an internal
+// error.
+template <typename E, typename NameOf>
+E parse_choice(const std::vector<E>& values, NameOf name_of, const std::string& s,
+               const std::string& key) {
+  for (const E& v : values)
+    if (s == name_of(v)) return v;
+  MT_THROW(ConfigError, "{} must be one of its choices, found \"{}\"", key, s);
+}
+
+// A closed-choice key stored typed (an enum, a DType): `values` in the order the schema lists
+// them, `name_of` their TOML spelling. `refused` are further spellings the schema accepts and then
+// refuses with a reason (KeySpec::honours_only), so they never reach the field.
+template <typename Sec, typename E, typename NameOf>
+Binding choice_field(const char* section, const char* name, Sec JobConfig::*sec, E Sec::*member,
+                     std::string help, std::vector<E> values, NameOf name_of,
+                     std::vector<std::string> refused = {}) {
+  static const JobConfig defaults{};
+  std::vector<std::string> choices;
+  for (const E& v : values) choices.emplace_back(name_of(v));
+  choices.insert(choices.end(), refused.begin(), refused.end());
+  Binding b;
+  b.spec = KeySpec::choice(section, name, std::move(choices),
+                           std::string(name_of(defaults.*sec.*member)), std::move(help));
+  std::string full = b.spec.full_name();
+  b.load = [sec, member, values, name_of, full](JobConfig& c, const ConfigValue& v) {
+    c.*sec.*member = parse_choice(values, name_of, std::get<std::string>(v), full);
+  };
+  b.store = [sec, member, name_of](const JobConfig& c) -> ConfigValue {
+    return std::string(name_of(c.*sec.*member));
+  };
+  return b;
+}
+
 // A torchtitan key meshtrain does not honour: its spec says ignored or rejected (and why); the
 // value lives in JobConfig::unhonoured under "section.name".
 Binding unhonoured(KeySpec spec);

@@ -45,16 +45,16 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
   ParallelDims dims = parallel_dims_of(cfg, world);
   MeshLayout layout(dims);
   RankGroups groups(layout, rank);
-  const std::string device = resolve_device(cfg.job.device);
-  const DeviceType device_type = device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;
+  const DeviceType device_type = resolve_device(cfg.job.device);
+  const char* device = device_backend_name(device_type);
   StepGraphOptions so;
   const TokenizerChoice tok_choice = choose_tokenizer(cfg.model.hf_assets_path, true);
   std::unique_ptr<Tokenizer> tok = open_tokenizer(tok_choice);
   so.tokenizer_vocab = tok->vocab_size();
   so.vocab_source = tok->source();
-  so.compute_dtype = resolve_compute_dtype(cfg.training.mixed_precision_param, device);
-  so.master_dtype = parse_dtype(cfg.training.master_dtype);
-  so.reduce_dtype = parse_dtype(cfg.training.mixed_precision_reduce);
+  so.compute_dtype = resolve_compute_dtype(cfg.training.mixed_precision_param, device_type);
+  so.master_dtype = cfg.training.master_dtype;
+  so.reduce_dtype = cfg.training.mixed_precision_reduce;
   const int64_t accum =
       gradient_accumulation_steps(cfg.training, groups.group_size(MeshGroup::kDp));
   so.overwrite_grads = accum == 1;  // as the trainer builds it
@@ -126,7 +126,7 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
                      sg->reshard.gathers_recomputed, gib(sg->reshard.bytes_released));
   if (sg->checkpoint.regions > 0)
     r += fmt::format("; activation checkpointing {} recomputes {} nodes in {} blocks",
-                     cfg.activation_checkpoint.mode, sg->checkpoint.nodes_recomputed,
+                     ac_mode_name(cfg.activation_checkpoint.mode), sg->checkpoint.nodes_recomputed,
                      sg->checkpoint.regions);
   r += "\n";
   if (sg->buckets.buckets > 0 || sg->prefetch.gathers_moved > 0) {
@@ -137,9 +137,10 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
     r += fmt::format(
         "scheduling:  {}: {} parameter collectives -> {} ({} buckets); {} gathers prefetched "
         "({} blocks gathered at once): arena {} ({:+.3f} GiB over no prefetch)\n",
-        cfg.compile.graph_passes, sg->buckets.collectives_before, sg->buckets.collectives_after,
-        sg->buckets.buckets, sg->prefetch.gathers_moved, cfg.compile.max_gathered_blocks,
-        gib(mp.arena_bytes), double(mp.arena_bytes - mp1.arena_bytes) / double(1ull << 30));
+        graph_passes_name(cfg.compile.graph_passes), sg->buckets.collectives_before,
+        sg->buckets.collectives_after, sg->buckets.buckets, sg->prefetch.gathers_moved,
+        cfg.compile.max_gathered_blocks, gib(mp.arena_bytes),
+        double(mp.arena_bytes - mp1.arena_bytes) / double(1ull << 30));
   }
   {
     ThroughputTable table = cost.table.empty() ? default_throughput_table(device_type)

@@ -42,18 +42,17 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   mo.load_balance_coeff = cfg.model.load_balance_coeff;
   mo.moe_top_k = cfg.model.moe_top_k;
   mo.router_zero_init = cfg.model.router_zero_init;
-  for (ops::AttentionKernel k : {ops::AttentionKernel::kAuto, ops::AttentionKernel::kCudnn,
-                                 ops::AttentionKernel::kMeshtrain})
-    if (cfg.model.attention_backend == ops::attention_kernel_name(k)) mo.attention_kernel = k;
+  mo.attention_kernel = cfg.model.attention_backend;
   sg->model = cfg.model.hf_config.empty()
                   ? create_model(mo)
                   : create_model_from_hf(read_hf_config(cfg.model.hf_config), mo);
   sg->plan = std::make_unique<ParallelPlan>(
-      PlanConfig{.master_dtype = o.master_dtype,
-                 .compute_dtype = o.compute_dtype,
-                 .reduce_dtype = o.reduce_dtype,
-                 .expert_capacity_factor = cfg.parallelism.expert_capacity_factor,
-                 .expert_exchange_padded = cfg.parallelism.expert_exchange == "padded"},
+      PlanConfig{
+          .master_dtype = o.master_dtype,
+          .compute_dtype = o.compute_dtype,
+          .reduce_dtype = o.reduce_dtype,
+          .expert_capacity_factor = cfg.parallelism.expert_capacity_factor,
+          .expert_exchange_padded = cfg.parallelism.expert_exchange == ExpertExchange::kPadded},
       layout);
   sg->local_batch = local_batch;
   sg->seq_len = seq_len;
@@ -96,9 +95,9 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   // Activation checkpointing first: the reshard pass then also re-gathers the weights that
   // recomputed blocks read.
   const auto& ac = cfg.activation_checkpoint;
-  if (ac.mode == "full") {
+  if (ac.mode == AcMode::kFull) {
     sg->checkpoint = checkpoint_regions(g, block_regions(1), full_recompute_saves);
-  } else if (ac.mode == "selective") {
+  } else if (ac.mode == AcMode::kSelective) {
     const int every = ac.selective_layer_interval();
     sg->checkpoint = every == 0 ? checkpoint_regions(g, block_regions(1), selective_op_saves)
                                 : checkpoint_regions(g, block_regions(every), full_recompute_saves);
@@ -117,7 +116,7 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   // Then the scheduling passes: buckets over the gathers the passes above left (re-gathers
   // included), then the prefetch order.
   sg->buckets = bucket_collectives(g, bucket_options(cfg.compile));
-  if (cfg.compile.graph_passes != "none")
+  if (cfg.compile.graph_passes != BucketMode::kNone)
     sg->prefetch = prefetch_gathers(g, int(cfg.compile.max_gathered_blocks));
   // Last: collectives onto one stream per mesh group (the CPU backend runs streams in order).
   sg->streams = assign_streams(g);
@@ -126,9 +125,7 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
 
 BucketOptions bucket_options(const CompileSection& c) {
   BucketOptions o;
-  o.mode = c.graph_passes == "none"             ? BucketMode::kNone
-           : c.graph_passes == "size_bucketing" ? BucketMode::kSize
-                                                : BucketMode::kTransformerBlock;
+  o.mode = c.graph_passes;
   o.bucket_bytes = c.bucket_cap_mb << 20;
   return o;
 }

@@ -32,15 +32,20 @@ class Trainer::Services final : public ExecServices {
   DeviceMesh& mesh_;
 };
 
-std::string resolve_device(const std::string& device) {
-  if (device == "auto") return backend_available("cuda") ? "cuda" : "cpu";
-  return device;
+DeviceType resolve_device(DeviceChoice device) {
+  if (device == DeviceChoice::kAuto)
+    return backend_available("cuda") ? DeviceType::kCUDA : DeviceType::kCPU;
+  return device == DeviceChoice::kCuda ? DeviceType::kCUDA : DeviceType::kCPU;
 }
 
-DType resolve_compute_dtype(const std::string& p, const std::string& device) {
-  if (p == "auto") return device == "cuda" ? DType::kBF16 : DType::kF32;
-  DType d = parse_dtype(p);
-  MT_CHECK_T(ConfigError, !(device == "cpu" && d == DType::kBF16),
+const char* device_backend_name(DeviceType device) {
+  return device == DeviceType::kCUDA ? "cuda" : "cpu";
+}
+
+DType resolve_compute_dtype(std::optional<DType> p, DeviceType device) {
+  if (!p) return device == DeviceType::kCUDA ? DType::kBF16 : DType::kF32;
+  const DType d = *p;
+  MT_CHECK_T(ConfigError, !(device == DeviceType::kCPU && d == DType::kBF16),
              "[training] mixed_precision_param = \"bfloat16\" needs [job] device = \"cuda\": the "
              "cpu backend computes in float32 or float64");
   return d;
@@ -64,7 +69,7 @@ namespace {
 Communicator& world_of(const JobConfig& cfg, Runtime& runtime) {
   runtime.set_comm_timeouts({.init_seconds = double(cfg.comm.init_timeout_seconds),
                              .train_seconds = double(cfg.comm.train_timeout_seconds)});
-  return runtime.world(resolve_device(cfg.job.device) == "cuda" ? "nccl" : "mpi");
+  return runtime.world(resolve_device(cfg.job.device) == DeviceType::kCUDA ? "nccl" : "mpi");
 }
 }  // namespace
 
@@ -74,15 +79,15 @@ Trainer::Trainer(const JobConfig& cfg, Runtime& runtime)
 Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& launch)
     : cfg_(cfg), launch_(launch), rank_(world.rank()), world_size_(world.size()) {
   check_supported(cfg_);
-  const std::string device = resolve_device(cfg_.job.device);
+  const DeviceType device = resolve_device(cfg_.job.device);
   compute_dtype_ = resolve_compute_dtype(cfg_.training.mixed_precision_param, device);
-  master_dtype_ = parse_dtype(cfg_.training.master_dtype);
-  reduce_dtype_ = parse_dtype(cfg_.training.mixed_precision_reduce);
-  backend_ = create_backend(device, launch_.local_rank);
+  master_dtype_ = cfg_.training.master_dtype;
+  reduce_dtype_ = cfg_.training.mixed_precision_reduce;
+  backend_ = create_backend(device_backend_name(device), launch_.local_rank);
   // --share-gpu only changes how NCCL ranks find each other; CPU ranks run over MPI, which
   // already runs any number of ranks on one host. Accepted (the same test command serves both
   // devices) and said once.
-  if (share_gpu_requested() && device == "cpu")
+  if (share_gpu_requested() && device == DeviceType::kCPU)
     notes_.push_back(fmt::format(
         "--share-gpu ({}=1) has no effect with [job] device = \"cpu\": CPU ranks communicate "
         "over MPI, which runs any number of ranks on one host",
@@ -228,10 +233,8 @@ void Trainer::start_checkpointing(const ParallelDims& dims) {
                       .initial_load_in_hf = k.initial_load_in_hf,
                       .last_save_model_only = k.last_save_model_only,
                       .last_save_in_hf = k.last_save_in_hf,
-                      .export_dtype = k.export_dtype == "float16"    ? FileDType::kF16
-                                      : k.export_dtype == "bfloat16" ? FileDType::kBF16
-                                                                     : FileDType::kF32,
-                      .async = k.async_mode != "disabled",
+                      .export_dtype = k.export_dtype,
+                      .async = k.async_mode != CheckpointAsync::kDisabled,
                       .exclude_from_loading = k.excluded(),
                       .first_step = k.enable_first_step_checkpoint,
                       .load_only = k.load_only,
@@ -297,13 +300,15 @@ void Trainer::log_startup() const {
           : std::string());
   if (checkpoint_.regions > 0)
     log_info("activation checkpointing {}: {} nodes recomputed in backward over {} blocks",
-             cfg_.activation_checkpoint.mode, checkpoint_.nodes_recomputed, checkpoint_.regions);
+             ac_mode_name(cfg_.activation_checkpoint.mode), checkpoint_.nodes_recomputed,
+             checkpoint_.regions);
   log_info(
       "optimizer: AdamW lr {:g} betas ({:g}, {:g}) eps {:g} weight_decay {:g}, max_norm {:g}; "
       "warmup {} steps, {} decay to {:g}× over {} steps",
       cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
       cfg_.optimizer.weight_decay, cfg_.training.max_norm, cfg_.lr_scheduler.warmup_steps,
-      cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor, cfg_.training.steps);
+      lr_decay_name(cfg_.lr_scheduler.decay_type), cfg_.lr_scheduler.min_lr_factor,
+      cfg_.training.steps);
   if (validator_) log_info("validation: {}", validator_->description());
   log_info("dump folder: {}", dump_folder_);
   if (const TensorBoardWriter* tb = metrics_->tensorboard())

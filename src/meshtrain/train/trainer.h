@@ -160,7 +160,10 @@ class Trainer {
 
 // Resolves [job] device "auto" and the compute/master/reduce dtypes for that device, with the
 // errors a user can hit (bf16 compute on the cpu backend, ...).
-std::string resolve_device(const std::string& device);
-DType resolve_compute_dtype(const std::string& mixed_precision_param, const std::string& device);
+DeviceType resolve_device(DeviceChoice device);
+// "cpu" | "cuda": the backend registry's name of a resolved device, as messages print it.
+const char* device_backend_name(DeviceType device);
+// nullopt ("auto"): the device's default.
+DType resolve_compute_dtype(std::optional<DType> mixed_precision_param, DeviceType device);
 
 }  // namespace meshtrain

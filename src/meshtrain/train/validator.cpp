@@ -40,7 +40,7 @@ Validator::Validator(const JobConfig& cfg, const GroupLayout* layout,
   o.overwrite_grads = false;
   // Synced expert exchange: a padded one could drop rows, and validation has no replay.
   JobConfig synced = cfg;
-  synced.parallelism.expert_exchange = "synced";
+  synced.parallelism.expert_exchange = ExpertExchange::kSynced;
   sg_ = build_forward_graph(synced, layout, o, v.local_batch_size, v.seq_len);
   non_dp_ = sg_->plan->group_size(MeshGroup::kCp) * sg_->plan->group_size(MeshGroup::kTp);
   MT_CHECK_T(DataError, int64_t(loader_->max_token_id()) < sg_->model->vocab_size(),

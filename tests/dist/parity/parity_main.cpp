@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   int failures = 0;
   try {
     JobConfig probe = job(o, {});
-    const bool cuda = resolve_device(probe.job.device) == "cuda";
+    const bool cuda = resolve_device(probe.job.device) == DeviceType::kCUDA;
     rt.set_comm_timeouts({.init_seconds = double(probe.comm.init_timeout_seconds),
                           .train_seconds = double(probe.comm.train_timeout_seconds)});
     Communicator& world = cuda ? rt.world("nccl") : host_comm;  // what the trainers run over

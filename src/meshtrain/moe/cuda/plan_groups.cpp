@@ -5,6 +5,7 @@
 #include <mutex>
 #include <utility>
 
+#include "meshtrain/ir/op_registry.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
 
 namespace meshtrain::cuda {
@@ -38,8 +39,10 @@ std::shared_ptr<HostGroups> host_groups_of(const Graph& graph, ValueId groups, i
 
 bool groups_published(const Graph& graph, ValueId groups) {
   const NodeId p = graph.value(groups).producer;
-  return p != kNoNode && graph.node(p).op == "moe_dispatch_plan" &&
-         graph.node(p).outputs.size() > 1 && graph.node(p).outputs[1] == groups;
+  if (p == kNoNode) return false;
+  const Node& n = graph.node(p);
+  const int k = OpRegistry::instance().op(n.op).publishes_groups_output;
+  return k >= 0 && size_t(k) < n.outputs.size() && n.outputs[size_t(k)] == groups;
 }
 
 }  // namespace meshtrain::cuda

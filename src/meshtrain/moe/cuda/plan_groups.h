@@ -28,7 +28,8 @@ struct HostGroups {
 // The state of value `groups` of `graph` (created on first use).
 std::shared_ptr<HostGroups> host_groups_of(const Graph& graph, ValueId groups, int64_t experts);
 
-// True when `groups` is an output of a moe_dispatch_plan node (which publishes it).
+// True when `groups` is the output its producer's op publishes (OpDef::publishes_groups_output:
+// moe_dispatch_plan's groups).
 bool groups_published(const Graph& graph, ValueId groups);
 
 }  // namespace meshtrain::cuda
