@@ -3,10 +3,11 @@
 
 report.py table RESULTS.jsonl          -- one row per system/flavor (JSON lines)
 report.py breakdown TRACE.json [N]     -- time per op (and per stream) from a Chrome trace
-report.py meshtrain FLAVOR DUMP_DIR [LOG] -- one JSON row from a run's metrics.jsonl: the median step
+report.py meshtrain FLAVOR DUMP_DIR [LOG [SYSTEM]] -- one JSON row from a run's metrics.jsonl: the median step
                                           (by step time) of the steps after the first two, which
                                           include warm-up; its tokens/s, TFLOP/s and MFU;
-                                          with LOG (its train log), the memory plan's parts
+                                          with LOG (its train log), the memory plan's parts;
+                                          SYSTEM names the row (default "meshtrain")
 """
 import json
 import re
@@ -57,7 +58,7 @@ def table(path):
         if r.get("master_grads_gib"):
             print(f"{'':<16} {'':<40} + {r['master_grads_gib']:.1f} GiB fp32 master gradients at "
                   "the optimizer step (the bf16 ones freed as they are cast)")
-    if not any("activations_gib" in r for r in rows if r.get("system") == "meshtrain"):
+    if not any("activations_gib" in r for r in rows if r.get("system", "").startswith("meshtrain")):
         print("(meshtrain: no memory plan line found in its train log)")
 
 
@@ -105,7 +106,7 @@ def breakdown(path, top=25):
     print("per stream (busy ms): " + ", ".join(f"{k} {v / 1000:.1f}" for k, v in sorted(per_stream.items())))
 
 
-def meshtrain_row(flavor, dump, log=None):
+def meshtrain_row(flavor, dump, log=None, system="meshtrain"):
     """The median step (by step time) of the steady steps; every rate comes from that one step,
     so tokens/s x step time is the step's token count (medians taken per column would mix
     steps)."""
@@ -118,7 +119,7 @@ def meshtrain_row(flavor, dump, log=None):
     def val(key):
         v = m.get(key)
         return nan if v is None else v
-    print(json.dumps(dict(system="meshtrain", flavor=flavor, step=m.get("step"), tps=val("tps"),
+    print(json.dumps(dict(system=system, flavor=flavor, step=m.get("step"), tps=val("tps"),
                           tflops=val("tflops"), mfu=val("mfu"),
                           peak_gib=max(r["memory_gib"] for r in steps), step_s=val("step_time_s"),
                           loss=steps[-1]["loss"], **(plan_parts(log) if log else {}))))
@@ -127,7 +128,8 @@ if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "table":
         table(sys.argv[2])
     elif len(sys.argv) >= 4 and sys.argv[1] == "meshtrain":
-        meshtrain_row(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
+        meshtrain_row(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None,
+                      sys.argv[5] if len(sys.argv) > 5 else "meshtrain")
     elif len(sys.argv) >= 3 and sys.argv[1] == "breakdown":
         breakdown(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 25)
     else:

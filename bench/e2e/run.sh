@@ -9,7 +9,9 @@
 # matters (it decides how evenly tokens route, hence the expert GEMM shapes), so both sides see
 # the same kind. MT_ARGS="--training.dataset fortunes" measures on real text instead.
 # BASELINE=0 skips the PyTorch runs (meshtrain's rows and breakdown only, for quick iterations);
-# TORCH_VARIANTS (default "eager compile eager-bf16 compile-bf16") picks the PyTorch variants. The
+# TORCH_VARIANTS (default "eager compile eager-bf16 compile-bf16") picks the PyTorch variants;
+# MT_ATTENTION (default "auto") the [model] attention_backend of each meshtrain row, e.g.
+# "auto meshtrain" for cuDNN's fused attention beside meshtrain's own kernels. The
 # table's baseline row (*) is the fastest PyTorch variant; peak memory and its parts per row.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,6 +20,7 @@ BUILD=${BUILD:-build-cuda}
 STEPS=${STEPS:-12}
 FLAVORS=${FLAVORS:-"deepseek_v3_16b llama3_8b"}
 TORCH_VARIANTS=${TORCH_VARIANTS:-"eager compile eager-bf16 compile-bf16"}
+MT_ATTENTION=${MT_ATTENTION:-auto}
 mkdir -p "$OUT"
 : > "$OUT/results.jsonl"
 # meshtrain's shared libraries (a carried bundle or `scripts/gpu_test.sh pack` archive in BUILD, the
@@ -32,15 +35,21 @@ fi
 declare -A CONFIG=([deepseek_v3_16b]=configs/bench_deepseek_v3_16b_4l.toml
                    [llama3_8b]=configs/bench_llama3_8b_4l.toml)
 for flavor in $FLAVORS; do
-  dump="$OUT/mt_$flavor"
-  echo "== meshtrain $flavor"
+ for attn in $MT_ATTENTION; do
+  # The first attention backend keeps the plain names (mt_FLAVOR, "meshtrain"); others get a suffix.
+  tag=""; system="meshtrain"
+  [ "$attn" = "${MT_ATTENTION%% *}" ] || { tag="_attn_$attn"; system="meshtrain (attention $attn)"; }
+  dump="$OUT/mt_$flavor$tag"
+  echo "== $system $flavor"
   if LD_LIBRARY_PATH="$MT_LD" "$BUILD/meshtrain" train --config "${CONFIG[$flavor]}" --job.dump_folder "$dump" \
-       --training.steps "$STEPS" --profiling.profile_freq "$STEPS" ${MT_ARGS:-} > "$OUT/mt_$flavor.log" 2>&1; then
-    python3 bench/e2e/report.py meshtrain "$flavor" "$dump" "$OUT/mt_$flavor.log" >> "$OUT/results.jsonl"
+       --training.steps "$STEPS" --profiling.profile_freq "$STEPS" --model.attention_backend "$attn" \
+       ${MT_ARGS:-} > "$dump.log" 2>&1; then
+    python3 bench/e2e/report.py meshtrain "$flavor" "$dump" "$dump.log" "$system" >> "$OUT/results.jsonl"
   else
-    tail -3 "$OUT/mt_$flavor.log"
-    echo "{\"system\": \"meshtrain\", \"flavor\": \"$flavor\", \"error\": \"see mt_$flavor.log\"}" >> "$OUT/results.jsonl"
+    tail -3 "$dump.log"
+    echo "{\"system\": \"$system\", \"flavor\": \"$flavor\", \"error\": \"see $(basename "$dump").log\"}" >> "$OUT/results.jsonl"
   fi
+ done
   [ "${BASELINE:-1}" = 0 ] && continue
   for variant in $TORCH_VARIANTS; do
     echo "== pytorch $flavor $variant"

@@ -100,7 +100,7 @@ JobConfig debug_job(const std::string& model, const std::string& device, int ste
 std::vector<StepRecord> run(const JobConfig& cfg) {
   Trainer t(cfg, runtime());
   std::vector<StepRecord> out;
-  for (int i = 0; i < cfg.training.steps; ++i) out.push_back(t.step(true));
+  for (int i = 0; i < cfg.training.steps; ++i) out.push_back(t.step());
   return out;
 }
 
@@ -198,7 +198,7 @@ TEST(CudaTraining, DeepSeekV3CheckpointResumesOnGpuAndLoadsOnCpu) {
                         with(with(kBf16, save), {"--job.dump_folder", root + "/a"})),
               runtime());
     for (int i = 0; i < 8; ++i) {
-      whole.push_back(t.step(true));
+      whole.push_back(t.step());
       if (i == 3) at4 = masters_of(t);
     }
     t.wait_for_checkpoint();
@@ -212,7 +212,7 @@ TEST(CudaTraining, DeepSeekV3CheckpointResumesOnGpuAndLoadsOnCpu) {
   ASSERT_EQ(gpu.resumed().step, 4);
   EXPECT_TRUE(masters_of(gpu) == at4) << "the masters loaded on the GPU differ from those saved";
   for (int i = 4; i < 8; ++i) {
-    StepRecord r = gpu.step(true);
+    StepRecord r = gpu.step();
     EXPECT_EQ(r.loss, whole[size_t(i)].loss) << "step " << i + 1;
     EXPECT_EQ(r.grad_norm, whole[size_t(i)].grad_norm) << "step " << i + 1;
   }

@@ -25,7 +25,7 @@ struct Record {
 Record run(Trainer& t, int steps) {
   Record r;
   for (int i = 0; i < steps; ++i) {
-    StepRecord s = t.step(true);
+    StepRecord s = t.step();
     r.loss.push_back(s.loss);
     r.norm.push_back(s.grad_norm);
   }
@@ -317,8 +317,8 @@ TEST_F(CheckpointTest, DiskFullMidSaveKeepsThePreviousCheckpoint) {
     ASSERT_EQ(t.resumed().step, 4);
     // The fault hook counts from here: the length field and header are writes 1 and 2.
     set_write_fault(parse_write_fault("enospc@3"), 0);
-    for (int i = 0; i < 3; ++i) t.step(false);
-    std::string m = error_message<IoError>([&] { t.step(false); });
+    for (int i = 0; i < 3; ++i) t.step();
+    std::string m = error_message<IoError>([&] { t.step(); });
     set_write_fault({}, 0);
     EXPECT_CONTAINS(m, "cannot write " + tmp + "/rank-00000.safetensors: No space left on device");
   }

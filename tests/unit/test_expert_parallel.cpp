@@ -86,7 +86,7 @@ TEST(ExpertParallel, ZeroGateTopOneSendsEveryTokenToTheExpertOfHighestBias) {
   std::sort(sorted.begin(), sorted.end());
   for (size_t e = 1; e < sorted.size(); ++e) EXPECT_GT(sorted[e] - sorted[e - 1], 1e-5f);
   const size_t chosen = size_t(std::max_element(bias.begin(), bias.end()) - bias.begin());
-  t.step(false);
+  t.step();
   std::vector<float> load =
       t.params().master_to_host("layers.1.moe.tokens_per_expert_last_step").to_vector<float>();
   ASSERT_EQ(load.size(), 8u);

@@ -32,10 +32,10 @@ TEST_F(Faults, NonFiniteGradientStopsNamingTheStepAndTheParameter) {
   Trainer t(tiny_job({"--debug.inject_nan_step", "3", "--debug.find_nonfinite_gradient", "true",
                       "--job.dump_folder", dir_.string()}),
             test_runtime());
-  t.step(true);
-  t.step(true);
+  t.step();
+  t.step();
   const auto before = optimizer_state(t);
-  const std::string m = testing::error_message<NonFiniteError>([&] { t.step(true); });
+  const std::string m = testing::error_message<NonFiniteError>([&] { t.step(); });
   EXPECT_CONTAINS(m, "step 3: the gradient norm is not finite");
   EXPECT_CONTAINS(m, "the first parameter with a non-finite gradient is tok_embeddings.weight");
   EXPECT_CONTAINS(m, "The update was not applied");
@@ -49,15 +49,15 @@ TEST_F(Faults, SkippedStepLeavesMastersMomentsAndTheAdamStepUntouched) {
                       "--checkpoint.last_save_model_only", "false", "--training.steps", "4",
                       "--job.dump_folder", dir_.string()}),
             test_runtime());
-  EXPECT_FALSE(t.step(true).skipped);
-  EXPECT_FALSE(t.step(true).skipped);
+  EXPECT_FALSE(t.step().skipped);
+  EXPECT_FALSE(t.step().skipped);
   const auto before = optimizer_state(t);
-  const StepRecord r = t.step(true);
+  const StepRecord r = t.step();
   EXPECT_TRUE(r.skipped);
   EXPECT_TRUE(std::isnan(r.grad_norm));
   EXPECT_TRUE(std::isfinite(r.loss));
   EXPECT_EQ(optimizer_state(t), before) << "a skipped step must leave masters and moments";
-  const StepRecord r4 = t.step(true);
+  const StepRecord r4 = t.step();
   EXPECT_FALSE(r4.skipped);
   EXPECT_NE(optimizer_state(t), before) << "the step after a skip updates again";
   t.wait_for_checkpoint();
@@ -72,8 +72,8 @@ TEST_F(Faults, ConsecutiveSkipsStopAtTheLimit) {
                       "--training.max_consecutive_skipped_steps", "1", "--job.dump_folder",
                       dir_.string()}),
             test_runtime());
-  t.step(true);
-  EXPECT_CONTAINS(testing::error_message<NonFiniteError>([&] { t.step(true); }),
+  t.step();
+  EXPECT_CONTAINS(testing::error_message<NonFiniteError>([&] { t.step(); }),
                   "1 non-finite steps in a row reached [training] max_consecutive_skipped_steps");
 }
 

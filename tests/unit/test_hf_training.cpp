@@ -35,7 +35,7 @@ TEST_F(HfTraining, LastSaveInHfThenInitialLoadInHfStartsFromTheFinalWeights) {
     std::vector<std::string> names;
     {
       Trainer t(testing::tiny_job(a), test_runtime());
-      for (int i = 0; i < 3; ++i) t.step(false);
+      for (int i = 0; i < 3; ++i) t.step();
       t.wait_for_checkpoint();
       for (const ParamInfo& p : t.plan().params()) {
         if (p.name.find("tokens_per_expert") != std::string::npos) continue;
@@ -73,7 +73,7 @@ TEST_F(HfTraining, ConvertCheckpointToHfAndBackKeepsEveryWeightBitwise) {
   std::map<std::string, std::vector<float>> want;
   {
     Trainer t(testing::tiny_job(a), test_runtime());
-    t.step(false), t.step(false);
+    t.step(), t.step();
     t.wait_for_checkpoint();
     for (const ParamInfo& p : t.plan().params())
       if (p.name.find("tokens_per_expert") == std::string::npos)
@@ -118,10 +118,10 @@ TEST_F(HfTraining, DebugDumpHoldsTheStepsWeightsGradientsLoadsAndWindows) {
        "--job.dump_folder", (dir_ / "run").string(), "--training.steps", "2"});
   Trainer t(cfg, test_runtime());
   std::vector<std::vector<float>> before;
-  t.step(true);
+  t.step();
   for (const ParamInfo& p : t.plan().params())
     before.push_back(t.params().master_to_host(p.name).to_vector<float>());
-  StepRecord r = t.step(true);
+  StepRecord r = t.step();
   const fs::path d = dir_ / "run" / "debug" / "step-2";
   // model/: the weights step 2 started from.
   HfFolder hf((d / "model").string());

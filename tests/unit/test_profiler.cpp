@@ -74,10 +74,10 @@ void expect_one_event_per_node(const nlohmann::json& trace, const Executor& exec
 
 TEST_F(ProfilerTest, ProfiledStepWritesOneEventPerScheduledNode) {
   Trainer t(job({}), test_runtime());
-  t.step(false);
+  t.step();
   EXPECT_FALSE(std::filesystem::exists(dir_ / "profile_traces" / "iteration_1"))
       << "step 1 is not a multiple of profile_freq 2";
-  t.step(false);
+  t.step();
   nlohmann::json trace = read_trace(2);
   expect_one_event_per_node(trace, t.executor(), 1);
   EXPECT_EQ(trace.at("otherData").at("step").get<int64_t>(), 2);
@@ -85,8 +85,8 @@ TEST_F(ProfilerTest, ProfiledStepWritesOneEventPerScheduledNode) {
 
 TEST_F(ProfilerTest, EveryMicroBatchIsRecorded) {
   Trainer t(job({"--training.global_batch_size", "4"}), test_runtime());  // 2 micro-batches
-  t.step(false);
-  t.step(false);
+  t.step();
+  t.step();
   expect_one_event_per_node(read_trace(2), t.executor(), 2);
 }
 
@@ -109,8 +109,8 @@ TEST(Profiler, CommunicationTracksAreNamedByTheirMeshGroup) {
 TEST_F(ProfilerTest, DisabledProfilingWritesNothing) {
   JobConfig cfg = job({"--profiling.enable_profiling", "false"});
   Trainer t(cfg, test_runtime());
-  t.step(false);
-  t.step(false);
+  t.step();
+  t.step();
   EXPECT_FALSE(std::filesystem::exists(dir_ / "profile_traces"));
 }
 

@@ -20,7 +20,7 @@ using testing::tiny_job;
 std::vector<double> losses_of(const JobConfig& cfg) {
   Trainer t(cfg, test_runtime());
   std::vector<double> out;
-  for (int i = 0; i < cfg.training.steps; ++i) out.push_back(t.step(true).loss);
+  for (int i = 0; i < cfg.training.steps; ++i) out.push_back(t.step().loss);
   return out;
 }
 
@@ -35,9 +35,9 @@ TEST(Trainer, SameSeedGivesBitwiseIdenticalLosses) {
 
 TEST(Trainer, NoAllocatorCallsAfterTheFirstStep) {
   Trainer t(tiny_job({"--training.global_batch_size", "4"}), test_runtime());  // 2 micro-batches
-  t.step(true);
+  t.step();
   const int64_t after_first = allocation_count();
-  for (int i = 0; i < 3; ++i) t.step(i == 1);
+  for (int i = 0; i < 3; ++i) t.step();
   EXPECT_EQ(allocation_count(), after_first);
 }
 
@@ -59,7 +59,7 @@ TEST(Trainer, GradientAccumulationMatchesOneBigBatchInFloat64) {
   Trainer accum(with({"--training.local_batch_size", "2", "--training.global_batch_size", "4"}),
                 test_runtime());
   for (int s = 0; s < 4; ++s) {
-    StepRecord a = big.step(true), b = accum.step(true);
+    StepRecord a = big.step(), b = accum.step();
     EXPECT_NEAR(a.loss, b.loss, 1e-10 * std::abs(a.loss)) << "step " << s + 1;
     EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-10 * std::abs(a.grad_norm)) << "step " << s + 1;
   }
@@ -184,7 +184,7 @@ TEST(ActivationCheckpoint, EveryModeGivesBitwiseIdenticalStepsAndFullUsesLessMem
     o.insert(o.end(), {"--model.n_layers", "4"});
     Trainer t(tiny_job(o), test_runtime());
     runs.emplace_back();
-    for (int s = 0; s < 3; ++s) runs.back().push_back(t.step(true));
+    for (int s = 0; s < 3; ++s) runs.back().push_back(t.step());
     peak.push_back(t.executor().plan().live_peak_bytes);
   }
   for (size_t r = 1; r < runs.size(); ++r)

@@ -20,45 +20,14 @@
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/optim/param_store.h"
 #include "meshtrain/parallel/mesh.h"
-#include "meshtrain/train/debug_dump.h"
 #include "meshtrain/train/fault_guard.h"
 #include "meshtrain/train/input_feeder.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/metrics.h"
-#include "meshtrain/train/profiler.h"
+#include "meshtrain/train/step_graph.h"
+#include "meshtrain/train/step_observers.h"
 
 namespace meshtrain {
-
-struct StepRecord {
-  int64_t step = 0;
-  double loss = 0;       // global mean token loss of the step
-  double grad_norm = 0;  // global norm before clipping
-  double lr = 0;
-  bool skipped =
-      false;  // non-finite loss or norm, update skipped ([training] skip_nonfinite_steps)
-  // Expert-parallel exchanges of this step on this rank, and those that needed more rows than
-  // planned ([parallelism] expert_capacity_factor; handled dropless, graph/row_capacity.h).
-  int64_t expert_exchanges = 0;
-  int64_t expert_overflows = 0;
-  // [parallelism] expert_exchange = "padded": the step was redone synced because some rank's
-  // padded blocks or slots overflowed (moe/padded_exchange.h).
-  bool padded_replayed = false;
-};
-
-// One MoE layer's expert load over the last optimizer step (global over data-parallel ranks).
-struct MoeLayerLoad {
-  std::string layer;            // "layers.1.moe"
-  BlockIndex block = kNoBlock;  // 1: the metrics are keyed by the block
-  std::vector<double> tokens;   // routed tokens per expert
-  double min = 0, max = 0, mean = 0;
-  double imbalance = 0;  // max / mean (1 = perfectly balanced)
-};
-MoeLayerLoad summarize_moe_load(const std::string& layer, BlockIndex block,
-                                std::vector<double> tokens);
-// Adds moe.layers.<i>.load_{min,max,mean}, moe.layers.<i>.imbalance, moe.imbalance_avg and
-// moe.imbalance_max to m.extra, and "moe load max/mean: avg A, worst W (layers.<i>)" to
-// m.summary_suffix. Nothing for dense models.
-void add_moe_load_metrics(const std::vector<MoeLayerLoad>& loads, StepMetrics& m);
 
 class Validator;
 
@@ -76,8 +45,7 @@ class Trainer {
   std::vector<StepRecord> train();
   // One optimizer step. Loss and norm are read back every step (the non-finite check); a
   // non-finite one throws NonFiniteError or skips the update ([training] skip_nonfinite_steps).
-  // `read_back` is kept for callers; the values are always filled.
-  StepRecord step(bool read_back);
+  StepRecord step();
   // The stop signal (SIGTERM, SIGINT, SIGUSR2) that ended train() early; 0 when it ran to the end.
   int interrupted() const { return interrupted_; }
   // The validation pass after the last step ([validation] enable), for tests.
@@ -101,18 +69,37 @@ class Trainer {
 
  private:
   class Services;
+  // The start-up sequence, in the order the constructor runs it (train/trainer_startup.cpp).
+  void open_backend(Communicator& world);
+  void make_mesh(Communicator& world);
+  void open_data();
   void build_graph();
+  void bind_executor();
+  void make_optimizer();
+  void write_run_files() const;
+  void make_metrics();
+  void make_observers();
+  void make_validator();
   void log_startup() const;
   void start_checkpointing(const ParallelDims& dims);
-  double read_step_loss();
+
+  // The step's parts (train/trainer.cpp, train/padded_replay.cpp).
+  void zero_step_loss();
   void run_micro_batches();
+  // All micro-batches of the step; with the padded exchange, redone synced when some rank's
+  // padded blocks overflowed. Fills r's exchange counts and padded_replayed.
+  void run_step_micro_batches(StepRecord& r);
   // [parallelism] expert_exchange = "padded": true when a padded exchange of any rank overflowed
   // in this step's micro-batches (one all-reduce and host wait per step, before the optimizer).
   bool padded_exchange_overflowed();
   // Redoes this step's micro-batches from `data_at` with the synced exchange (dropless).
   void replay_step_synced(const TokenLoader::State& data_at);
+  // Warns about exchanges that needed more rows than planned since `before`.
+  void record_exchange_overflows(const RowCapacityStats& before, StepRecord& r) const;
+  double read_step_loss();
   void log_step(const StepRecord& r, double elapsed, int64_t steps_since);
   HfRunContext hf_context();
+  const std::string& dump_folder() const { return cfg_.job.dump_folder; }
 
   JobConfig cfg_;
   LaunchInfo launch_;
@@ -134,7 +121,8 @@ class Trainer {
   std::unique_ptr<InputFeeder> feeder_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<MetricsLogger> metrics_;
-  std::unique_ptr<Profiler> profiler_;    // [profiling] enable_profiling
+  StepObservers observers_;        // [profiling], [debug] dump_step
+  StepGraphOptions step_options_;  // the graph's options, which validation's graph shares too
   std::unique_ptr<Validator> validator_;  // [validation] enable
   std::unique_ptr<CheckpointManager> checkpointer_;
   ResumePoint resumed_;
@@ -153,9 +141,7 @@ class Trainer {
   int64_t padded_replays_ = 0;
   Tensor host_load_;  // staging for moe_load(): every MoE layer's counts, back to back
   int64_t accum_steps_ = 1, tokens_per_step_ = 0, step_ = 0;
-  std::string dump_folder_;
-  std::vector<std::string> notes_;         // start-up notes of the run (stand-in tokenizer, data)
-  std::unique_ptr<DebugDump> debug_dump_;  // [debug] dump_step
+  std::vector<std::string> notes_;  // start-up notes of the run (stand-in tokenizer, data)
 };
 
 // Resolves [job] device "auto" and the compute/master/reduce dtypes for that device, with the

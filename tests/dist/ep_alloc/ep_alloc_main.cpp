@@ -68,14 +68,14 @@ int main(int argc, char** argv) {
   try {
     JobConfig cfg = testing::harness_job(5, {extra});
     Trainer t(cfg, world, rt.launch());
-    t.step(true);
+    t.step();
     const int64_t allocs = allocation_count();
     int64_t exchanges = 0, overflows = 0;
     g_news = 0;
     ExchangeNews obs;
     t.executor().set_observer(&obs);
     for (int s = 0; s < 3; ++s) {
-      StepRecord r = t.step(false);
+      StepRecord r = t.step();
       exchanges += r.expert_exchanges;
       overflows += r.expert_overflows;
     }

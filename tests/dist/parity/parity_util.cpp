@@ -31,7 +31,7 @@ JobConfig harness_job(int steps, const std::vector<std::vector<std::string>>& ov
 RunResult run_steps(Trainer& t, int steps) {
   RunResult r;
   for (int s = 0; s < steps; ++s) {
-    StepRecord rec = t.step(true);
+    StepRecord rec = t.step();
     r.loss.push_back(rec.loss);
     r.grad_norm.push_back(rec.grad_norm);
     r.expert_exchanges += rec.expert_exchanges;

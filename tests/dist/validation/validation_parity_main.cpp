@@ -59,7 +59,7 @@ JobConfig job(const Options& o, const std::vector<std::string>& extra) {
 std::vector<double> run(Trainer& t, int steps) {
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
-    StepRecord r = t.step(true);
+    StepRecord r = t.step();
     losses.push_back(t.validator()->run(r.step).loss);
   }
   return losses;
