@@ -46,6 +46,9 @@ const Exemptions kNoGradcheck = {
     {"ep_counts", "integer row counts exchanged between expert-parallel ranks"},
     {"sum_squares", "the optimizer graph's squared gradient norm"},
     {"accumulate", "a sink: adds into a persistent buffer in place (tests/unit/test_optim.cpp)"},
+    {"matmul_accumulate",
+     "a sink: matmul's product added into a gradient buffer in place; its value is matmul's "
+     "(gradchecked), test_fuse_grad_matmul.cpp checks the kernel"},
     {"adamw_update", "the optimizer update, in place (tests/unit/test_optim.cpp)"},
     {"expert_bias_update", "the load-balancing bias update, in place (test_ops_load_balance.cpp)"},
 };

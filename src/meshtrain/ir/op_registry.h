@@ -66,6 +66,13 @@ struct OpDef {
   bool compute_heavy = false;  // matmul-class cost: per-op selective AC saves its outputs
   FlopsFn flops;               // compute_heavy ops only; empty: the matmul rule
   bool sums_inputs = false;    // output = element-wise sum of its same-shaped inputs
+  // A gradient sink (accumulate): adds input 1 into the persistent input 0 in place (attr
+  // "overwrite": writes it instead). No outputs.
+  bool accumulates_in_place = false;
+  // The op that adds this op's output 0 into a destination in place: its inputs are the
+  // destination then this op's inputs, its attrs this op's plus "overwrite" (matmul names
+  // matmul_accumulate). Empty: none. graph/passes/fuse_grad_matmul uses it.
+  std::string accumulating_form;
   // Output = zeros of extent attr "full_extent" along attr "dim", input 0 placed at attr
   // "start": the gradient of a slice.
   bool pads_slice = false;

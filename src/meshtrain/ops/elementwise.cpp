@@ -135,7 +135,8 @@ MT_REGISTER_OPS {
                              "accumulate: destination and source shapes differ");
                   return std::vector<TensorMeta>{};
                 },
-            .side_effect = true});
+            .side_effect = true,
+            .accumulates_in_place = true});
 }
 
 }  // namespace meshtrain::ops

@@ -1,4 +1,5 @@
-// matmul: shape inference and the backward rule, written as four transposed products.
+// matmul: shape inference and the backward rule, written as four transposed products; and
+// matmul_accumulate, the product added into a persistent buffer in place.
 #include "meshtrain/ops/matmul.h"
 
 #include "meshtrain/ops/elementwise.h"
@@ -16,6 +17,28 @@ MatmulDims matmul_dims(const TensorMeta& a, const TensorMeta& b, bool ta, bool t
              d.k, a.shape, ta ? "ᵀ" : "", kb, b.shape, tb ? "ᵀ" : "");
   MT_CHECK_T(ShapeError, a.dtype == b.dtype, "matmul dtypes differ: {} vs {}", a.dtype, b.dtype);
   return d;
+}
+
+MatmulDims matmul_accumulate_dims(const TensorMeta& dst, const TensorMeta& a, const TensorMeta& b,
+                                  bool ta, bool tb) {
+  const MatmulDims d = matmul_dims(a, b, ta, tb);
+  MT_CHECK_T(ShapeError, dst.shape.numel() == d.m * d.n,
+             "matmul_accumulate: the destination {} holds {} elements, the product {} x {}",
+             dst.shape, dst.shape.numel(), d.m, d.n);
+  MT_CHECK_T(ValueError,
+             dst.dtype == a.dtype || (a.dtype == DType::kBF16 && dst.dtype == DType::kF32),
+             "matmul_accumulate: a {} destination for {} operands (expected the operands' dtype, "
+             "or float32 for bfloat16 operands)",
+             dst.dtype, a.dtype);
+  return d;
+}
+
+void matmul_accumulate(Builder& b, ValueId dst, ValueId a, ValueId bm, bool ta, bool tb,
+                       bool overwrite) {
+  b.op(kMatmulAccumulateOp, {dst, a, bm},
+       {{"transpose_a", int64_t(ta)},
+        {"transpose_b", int64_t(tb)},
+        {"overwrite", int64_t(overwrite)}});
 }
 
 ValueId matmul(Builder& b, ValueId a, ValueId bm, bool ta, bool tb) {
@@ -66,7 +89,27 @@ MT_REGISTER_OPS {
                                        }
                                        return std::vector<ValueId>{dA, dB};
                                      },
-                                 .compute_heavy = true});
+                                 .compute_heavy = true,
+                                 .accumulating_form = kMatmulAccumulateOp});
+  // A gradient sink like accumulate (no outputs, not differentiable); compute-heavy for the cost
+  // model, which counts the product's 2·m·n·k.
+  OpRegistry::instance().add_op(
+      {.name = kMatmulAccumulateOp,
+       .infer =
+           [](const std::vector<TensorMeta>& in, const Attrs& at) {
+             MT_CHECK_T(ShapeError, in.size() == 3,
+                        "matmul_accumulate takes (dst, a, b), found {} inputs", in.size());
+             matmul_accumulate_dims(in[0], in[1], in[2], at.b("transpose_a"), at.b("transpose_b"));
+             return std::vector<TensorMeta>{};
+           },
+       .side_effect = true,
+       .compute_heavy = true,
+       .flops =
+           [](const std::vector<TensorMeta>& in, const Attrs& at) {
+             const MatmulDims d =
+                 matmul_dims(in.at(1), in.at(2), at.b("transpose_a"), at.b("transpose_b"));
+             return 2 * d.m * d.n * d.k;
+           }});
 }
 
 }  // namespace meshtrain::ops

@@ -5,6 +5,7 @@
 #include "meshtrain/graph/autodiff.h"
 #include "meshtrain/graph/graph_dump.h"
 #include "meshtrain/graph/passes/assign_streams.h"
+#include "meshtrain/graph/passes/fuse_grad_matmul.h"
 #include "meshtrain/graph/passes/fuse_slice_grads.h"
 #include "meshtrain/ops/elementwise.h"
 
@@ -91,6 +92,7 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   sg->plan->attach_gradients(bb, grads, o.overwrite_grads);
   eliminate_dead_nodes(g);
   fuse_slice_grads(g);
+  sg->fused_grad_matmuls = fuse_grad_matmul(g);
 
   // Activation checkpointing first: the reshard pass then also re-gathers the weights that
   // recomputed blocks read.

@@ -31,6 +31,7 @@ struct StepGraph {
   CheckpointStats checkpoint;
   BucketStats buckets;
   PrefetchStats prefetch;
+  int fused_grad_matmuls = 0;  // weight-gradient GEMMs writing fp32 gradients (fuse_grad_matmul)
   std::map<MeshGroup, int> streams;  // mesh group -> stream index
   int64_t local_batch = 0, seq_len = 0;
 };

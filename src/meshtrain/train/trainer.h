@@ -132,6 +132,7 @@ class Trainer {
   ModelCounts counts_;
   ReshardStats reshard_;
   CheckpointStats checkpoint_;
+  int fused_grad_matmuls_ = 0;
   DType compute_dtype_ = DType::kF32, master_dtype_ = DType::kF32, reduce_dtype_ = DType::kF32;
   ValueId tokens_ = kNoValue, labels_ = kNoValue, token_count_ = kNoValue, loss_ = kNoValue;
   ValueId loss_sum_ = kNoValue;

@@ -153,6 +153,7 @@ void Trainer::build_graph() {
   loss_sum_ = sg->loss_sum;
   reshard_ = sg->reshard;
   checkpoint_ = sg->checkpoint;
+  fused_grad_matmuls_ = sg->fused_grad_matmuls;
   counts_ = count_model(*model_, *plan_, cfg_.training.seq_len);
 }
 
@@ -337,6 +338,9 @@ void Trainer::log_startup() const {
                 reshard_after_forward_name(cfg_.parallelism.fsdp_reshard_after_forward),
                 reshard_.gathers_recomputed)
           : std::string());
+  if (fused_grad_matmuls_ > 0)
+    log_info("weight gradients: {} GEMMs write the {} gradient buffers directly",
+             fused_grad_matmuls_, dtype_name(master_dtype_));
   if (checkpoint_.regions > 0)
     log_info("activation checkpointing {}: {} nodes recomputed in backward over {} blocks",
              ac_mode_name(cfg_.activation_checkpoint.mode), checkpoint_.nodes_recomputed,

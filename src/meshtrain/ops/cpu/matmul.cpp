@@ -1,26 +1,38 @@
-// CPU matmul through OpenBLAS (row-major cblas_?gemm); the reference every GPU GEMM is tested
-// against.
+// CPU matmul and matmul_accumulate through OpenBLAS (row-major cblas_?gemm); the reference
+// every GPU GEMM is tested against.
 #include "meshtrain/ops/matmul.h"
 
 #include <cblas.h>
+
+#include <vector>
 
 #include "meshtrain/ops/cpu/cpu_kernel.h"
 
 namespace meshtrain::cpu {
 namespace {
 
+// C = op(A) op(B) + beta C (beta 0 or 1).
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T* c, int64_t ldc) {
+          int64_t ldb, T* c, int64_t ldc, T beta = T(0)) {
   if (m == 0 || n == 0) return;
   auto TA = ta ? CblasTrans : CblasNoTrans;
   auto TB = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f,
+    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), beta,
                 c, int(ldc));
   else
-    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0,
+    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), beta,
                 c, int(ldc));
+}
+
+// bf16 operands widened to float32 (exact), for the float32 destination of matmul_accumulate:
+// the reference of the CUDA kernel (fp32 products and sums, no bf16 rounding of the result).
+std::vector<float> widened(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  const BFloat16* p = static_cast<const BFloat16*>(t.raw());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
+  return out;
 }
 
 MT_REGISTER_OPS {
@@ -35,6 +47,34 @@ MT_REGISTER_OPS {
       }
       gemm<scalar_t>(ta, tb, d.m, d.n, d.k, in_ptr<scalar_t>(c, 0), am.shape.last(),
                      in_ptr<scalar_t>(c, 1), bm.shape.last(), out_ptr<scalar_t>(c, 0), d.n);
+    });
+  });
+  add_cpu_kernel(ops::kMatmulAccumulateOp, [](KernelContext& c) {
+    const bool ta = c.attrs().b("transpose_a"), tb = c.attrs().b("transpose_b");
+    const bool overwrite = c.attrs().b("overwrite");
+    const TensorMeta dm{c.in[0].shape(), c.in[0].dtype()};
+    const TensorMeta am{c.in[1].shape(), c.in[1].dtype()}, bm{c.in[2].shape(), c.in[2].dtype()};
+    const ops::MatmulDims d = ops::matmul_accumulate_dims(dm, am, bm, ta, tb);
+    if (am.dtype == DType::kBF16) {
+      float* dst = inout_ptr<float>(c, 0);
+      if (d.k == 0) {
+        if (overwrite) std::fill_n(dst, d.m * d.n, 0.0f);
+        return;
+      }
+      const std::vector<float> a = widened(c.in[1]), b = widened(c.in[2]);
+      gemm<float>(ta, tb, d.m, d.n, d.k, a.data(), am.shape.last(), b.data(), bm.shape.last(), dst,
+                  d.n, overwrite ? 0.0f : 1.0f);
+      return;
+    }
+    MT_DISPATCH_FLOAT(dm.dtype, "matmul_accumulate", [&] {
+      scalar_t* dst = inout_ptr<scalar_t>(c, 0);
+      if (d.k == 0) {
+        if (overwrite) std::fill_n(dst, d.m * d.n, scalar_t(0));
+        return;
+      }
+      gemm<scalar_t>(ta, tb, d.m, d.n, d.k, in_ptr<scalar_t>(c, 1), am.shape.last(),
+                     in_ptr<scalar_t>(c, 2), bm.shape.last(), dst, d.n,
+                     overwrite ? scalar_t(0) : scalar_t(1));
     });
   });
 }

@@ -15,12 +15,13 @@
 namespace meshtrain::cuda {
 
 std::string GemmProblem::to_string() const {
-  return fmt::format("{} {}x{}x{} (m x n x k), A{} lda {}, B{} ldb {}, ldc {}", dtype_name(dtype),
-                     m, n, k, ta ? "ᵀ" : "", lda, tb ? "ᵀ" : "", ldb, ldc);
+  return fmt::format("{} {}x{}x{} (m x n x k), A{} lda {}, B{} ldb {}, ldc {}, C {}{}",
+                     dtype_name(dtype), m, n, k, ta ? "ᵀ" : "", lda, tb ? "ᵀ" : "", ldb, ldc,
+                     dtype_name(out), accumulate ? " accumulated" : "");
 }
 
 GemmProblem gemm_problem(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
-  return {dtype, ta, tb, m, n, k, ta ? m : k, tb ? k : n, n};
+  return {dtype, ta, tb, m, n, k, ta ? m : k, tb ? k : n, n, dtype, false};
 }
 
 namespace {
@@ -166,7 +167,11 @@ struct GemmPlan::Impl {
 
 GemmPlan::GemmPlan(int device, const GemmProblem& p, size_t max_workspace)
     : device_(device), problem_(p), max_workspace_(max_workspace), impl_(std::make_unique<Impl>()) {
-  const cudaDataType_t elem = element_type(p.dtype);
+  const cudaDataType_t elem = element_type(p.dtype), elem_c = element_type(p.out);
+  MT_CHECK_T(ValueError, p.out == p.dtype || (p.dtype == DType::kBF16 && p.out == DType::kF32),
+             "matmul on CUDA: a {} output for {} operands (expected theirs, or float32 for "
+             "bfloat16)",
+             dtype_name(p.out), dtype_name(p.dtype));
   MT_CHECK_T(ValueError, p.m >= 0 && p.n >= 0 && p.k >= 0, "matmul on CUDA: negative extent in {}",
              p.to_string());
   const int64_t a_rows = p.ta ? p.k : p.m, a_cols = p.ta ? p.m : p.k;
@@ -190,7 +195,8 @@ GemmPlan::GemmPlan(int device, const GemmProblem& p, size_t max_workspace)
       cublasLtMatrixLayoutCreate(&im.layout_a, elem, uint64_t(b_cols), uint64_t(b_rows), p.ldb));
   CUBLAS_CHECK(
       cublasLtMatrixLayoutCreate(&im.layout_b, elem, uint64_t(a_cols), uint64_t(a_rows), p.lda));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&im.layout_c, elem, uint64_t(p.n), uint64_t(p.m), p.ldc));
+  CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&im.layout_c, elem_c, uint64_t(p.n), uint64_t(p.m), p.ldc));
   // The memory plan aligns every buffer to 256 bytes: choose for that case now.
   Impl::Choice c = im.choose(max_workspace, 256);
   if (!c.lt) blas_handle(device);  // create the fallback's handle before the first step
@@ -203,8 +209,9 @@ void GemmPlan::run(const void* a, const void* b, void* c, void* workspace, size_
                    cudaStream_t stream) const {
   const GemmProblem& p = problem_;
   if (p.m == 0 || p.n == 0) return;
-  if (p.k == 0) {  // an empty sum: C = 0
-    CUDA_CHECK(cudaMemsetAsync(c, 0, size_t(p.m * p.ldc) * dtype_size(p.dtype), stream));
+  if (p.k == 0) {  // an empty sum: C = 0, or C unchanged
+    if (!p.accumulate)
+      CUDA_CHECK(cudaMemsetAsync(c, 0, size_t(p.m * p.ldc) * dtype_size(p.out), stream));
     return;
   }
   MT_CHECK(workspace_bytes >= max_workspace_ && uintptr_t(workspace) % 256 == 0,
@@ -221,8 +228,8 @@ void GemmPlan::run(const void* a, const void* b, void* c, void* workspace, size_
     }
     choice = *slot;
   }
-  const float alpha32 = 1.0f, beta32 = 0.0f;
-  const double alpha64 = 1.0, beta64 = 0.0;
+  const float alpha32 = 1.0f, beta32 = p.accumulate ? 1.0f : 0.0f;
+  const double alpha64 = 1.0, beta64 = p.accumulate ? 1.0 : 0.0;
   const bool f64 = p.dtype == DType::kF64;
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta = f64 ? static_cast<const void*>(&beta64) : &beta32;
@@ -246,8 +253,8 @@ void GemmPlan::run(const void* a, const void* b, void* c, void* workspace, size_
   const cudaDataType_t elem = element_type(p.dtype);
   CUBLAS_CHECK(cublasGemmEx(h, p.tb ? CUBLAS_OP_T : CUBLAS_OP_N, p.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                             int(p.n), int(p.m), int(p.k), alpha, b, elem, int(p.ldb), a, elem,
-                            int(p.lda), beta, c, elem, int(p.ldc), compute_type(p.dtype),
-                            CUBLAS_GEMM_DEFAULT));
+                            int(p.lda), beta, c, element_type(p.out), int(p.ldc),
+                            compute_type(p.dtype), CUBLAS_GEMM_DEFAULT));
 }
 
 std::string GemmPlan::describe() const {

@@ -1,4 +1,4 @@
-// GEMM plans on cuBLASLt for row-major operands: C[m, n] = op(A) · op(B), beta = 0. A plan owns
+// GEMM plans on cuBLASLt for row-major operands: C[m, n] = op(A) · op(B) (+ C). A plan owns
 // the descriptors and the chosen algorithm for one fixed problem; it is built before the first step
 // (never inside one) and is deterministic: a fixed algorithm and no split-K scheme whose partial
 // sums are rounded to the output type or ordered through counters.
@@ -24,16 +24,20 @@ constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
 // Row-major problem. A is stored [ta ? k : m, lda], B [tb ? n : k, ldb], C [m, ldc].
 // bfloat16: bf16 operands, fp32 accumulation and scale, bf16 output. float32: exact fp32
 // (CUBLAS_COMPUTE_32F; TF32 is never enabled, so CPU parity holds to fp32 rounding).
-// float64: fp64 throughout.
+// float64: fp64 throughout. `out`: C's dtype (the operands' own, or float32 for bf16 operands);
+// `accumulate`: C += product (beta 1) instead of C = product.
 struct GemmProblem {
   DType dtype = DType::kBF16;
   bool ta = false, tb = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldc = 0;
+  DType out = DType::kBF16;
+  bool accumulate = false;
   auto operator<=>(const GemmProblem&) const = default;
   std::string to_string() const;
 };
-// Contiguous operands: lda, ldb, ldc are the stored rows' lengths.
+// Contiguous operands: lda, ldb, ldc are the stored rows' lengths; C of the operands' dtype,
+// overwritten.
 GemmProblem gemm_problem(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k);
 
 class GemmPlan {
@@ -46,9 +50,9 @@ class GemmPlan {
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
 
-  // C = op(A) op(B) on `stream`. `workspace` must hold max_workspace bytes, 256-byte aligned.
-  // Pointers less aligned than 256 bytes get an algorithm chosen for their alignment the first
-  // time they are seen (in a static graph: the first step, which may allocate).
+  // C = op(A) op(B) (+ C when accumulating) on `stream`. `workspace` must hold max_workspace bytes,
+  // 256-byte aligned. Pointers less aligned than 256 bytes get an algorithm chosen for their
+  // alignment the first time they are seen (in a static graph: the first step, which may allocate).
   void run(const void* a, const void* b, void* c, void* workspace, size_t workspace_bytes,
            cudaStream_t stream) const;
 

@@ -1,0 +1,94 @@
+// matmul_accumulate on CUDA (the weight-gradient GEMM writing its fp32 gradient buffer, beta 0 or
+// 1) against a float64 CPU reference of the same bf16 operands, in both transposition forms the
+// backward of a linear layer produces, with odd extents; overwrite leaves no trace of the old
+// destination, accumulate adds exactly once per run, and two runs are bitwise repeatable.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "cuda_test_util.h"
+#include "meshtrain/graph/executor.h"
+#include "meshtrain/graph/memory_plan.h"
+#include "meshtrain/ops/matmul.h"
+#include "op_harness.h"
+
+namespace meshtrain::cudatest {
+namespace {
+
+Tensor random_bf16(const Shape& s, std::mt19937_64& rng) {
+  Tensor t = Tensor::empty(s, DType::kBF16);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i] = BFloat16(float(u(rng)));
+  return t;
+}
+
+struct Form {
+  bool ta, tb;
+  int64_t m, n, k;
+};
+
+MT_CUDA_CASE_TEST(CudaGradGemm, MatmulAccumulateBf16IntoFloat32, "matmul_accumulate") {
+  Backend& be = cuda_backend();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  // dW = Gᵀ X (ta: the linear weight's gradient) and op(A)ᵀ G without transposes; odd extents.
+  for (const Form f : {Form{true, false, 257, 129, 999}, Form{false, false, 96, 200, 1031}})
+    for (bool overwrite : {false, true}) {
+      SCOPED_TRACE(fmt::format("ta {} m {} n {} k {} overwrite {} (seed {})", f.ta, f.m, f.n, f.k,
+                               overwrite, seed));
+      const Shape as = f.ta ? Shape{f.k, f.m} : Shape{f.m, f.k}, bs{f.k, f.n};
+      Tensor a = random_bf16(as, rng), b = random_bf16(bs, rng);
+      Tensor dst0 = Tensor::empty(Shape{f.m, f.n}, DType::kF32);
+      std::uniform_real_distribution<double> u(-4, 4);
+      for (int64_t i = 0; i < dst0.numel(); ++i) dst0.data<float>()[i] = float(u(rng));
+      Graph g;
+      Builder bld(g, NodePhase::kBackward);
+      ValueId d = bld.persistent("dst", {Shape{f.m, f.n}, DType::kF32}, ValueRole::kGradient);
+      ValueId va = bld.input("a", {as, DType::kBF16}), vb = bld.input("b", {bs, DType::kBF16});
+      ops::matmul_accumulate(bld, d, va, vb, f.ta, f.tb, overwrite);
+      Tensor dd = to_device(be, dst0);
+      Executor ex(g, plan_memory(g, DeviceType::kCUDA), be, nullptr);
+      ex.bind(d, dd);
+      ex.prepare();
+      be.copy(ex.tensor(va).raw(), a.raw(), a.nbytes(), CopyKind::kHostToDevice, be.stream(0));
+      be.copy(ex.tensor(vb).raw(), b.raw(), b.nbytes(), CopyKind::kHostToDevice, be.stream(0));
+      ex.run();
+      ex.run();  // twice: dst0 + 2 P, or P
+      Tensor got = to_host(be, dd);
+      const double u32 = std::ldexp(1.0, -24);
+      int bad = 0;
+      for (int64_t i = 0; i < f.m && bad < 5; ++i)
+        for (int64_t j = 0; j < f.n && bad < 5; ++j) {
+          double p = 0, terms = 0;
+          for (int64_t t = 0; t < f.k; ++t) {
+            const double x = float(a.data<BFloat16>()[f.ta ? t * f.m + i : i * f.k + t]);
+            const double y = float(b.data<BFloat16>()[t * f.n + j]);
+            p += x * y;
+            terms += std::abs(x * y);
+          }
+          const double old = dst0.data<float>()[i * f.n + j];
+          const double want = overwrite ? p : old + 2 * p;
+          // Products of bf16 values are exact in fp32; the sum of k of them rounds at most
+          // k times (u·k·Σ|terms|), each of the two additions into dst once more.
+          const double tol = 2 * u32 * double(f.k) * terms + 4 * u32 * (std::abs(old) + 2 * terms);
+          const double v = got.data<float>()[i * f.n + j];
+          if (!(std::abs(v - want) <= tol)) {
+            ++bad;
+            ADD_FAILURE() << "element " << i << "," << j << ": got " << v << ", want " << want
+                          << " (tolerance " << tol << ")";
+          }
+        }
+      // Bitwise repeatable: the same two runs from dst0 again.
+      Tensor again = to_device(be, dst0);
+      ex.bind(d, again);
+      ex.run();
+      ex.run();
+      Tensor got2 = to_host(be, again);
+      EXPECT_EQ(std::memcmp(got.raw(), got2.raw(), got.nbytes()), 0) << "not bitwise repeatable";
+      note_compared_graph(g);
+    }
+}
+
+}  // namespace
+}  // namespace meshtrain::cudatest

@@ -1,0 +1,216 @@
+// fuse_grad_matmul and matmul_accumulate: a bf16 weight-gradient matmul feeding a float32 sink
+// becomes one matmul_accumulate (the matmul and its views die); same-dtype sinks, shared products
+// and non-view chains stay; the CPU kernel sums bf16 products in float32 without rounding the
+// product, overwrites or accumulates, and equals matmul + accumulate bit for bit in float64 when
+// it overwrites; bad destinations are refused with the reason.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "gradcheck.h"
+#include "meshtrain/graph/autodiff.h"
+#include "meshtrain/graph/executor.h"
+#include "meshtrain/graph/memory_plan.h"
+#include "meshtrain/graph/passes/fuse_grad_matmul.h"
+#include "meshtrain/ir/builder.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/parallel/rank_groups.h"
+#include "meshtrain/runtime/backend.h"
+#include "meshtrain/train/step_graph.h"
+#include "test_support.h"
+
+namespace meshtrain {
+namespace {
+
+// dW [4, 6] = gyᵀ x with gy [2, 5, 4], x [2, 5, 6] (rows flattened), reshaped, then the sink.
+struct SinkGraph {
+  Graph g;
+  ValueId dst = kNoValue, gy = kNoValue, x = kNoValue, dw = kNoValue;
+};
+
+std::unique_ptr<SinkGraph> sink_graph(DType operands, DType dst, bool overwrite,
+                                      bool shared = false) {
+  auto r = std::make_unique<SinkGraph>();
+  Builder b(r->g, NodePhase::kBackward);
+  r->dst = b.persistent("w.grad", {Shape{4, 6}, dst}, ValueRole::kGradient);
+  r->gy = b.input("gy", {Shape{2, 5, 4}, operands});
+  r->x = b.input("x", {Shape{2, 5, 6}, operands});
+  r->dw = ops::reshape(b, ops::matmul(b, r->gy, r->x, true, false), Shape{4, 6});
+  if (shared) r->g.mark_output(r->dw);
+  ops::accumulate(b, r->dst, r->dw, overwrite);
+  return r;
+}
+
+int live(const Graph& g, const std::string& op) {
+  int n = 0;
+  for (const Node& node : g.nodes()) n += !node.dead && node.op == op;
+  return n;
+}
+
+TEST(FuseGradMatmul, Bf16ProductIntoFloat32SinkBecomesOneGemm) {
+  for (bool overwrite : {false, true}) {
+    auto r = sink_graph(DType::kBF16, DType::kF32, overwrite);
+    EXPECT_EQ(fuse_grad_matmul(r->g), 1);
+    EXPECT_EQ(live(r->g, "matmul"), 0);
+    EXPECT_EQ(live(r->g, "reshape"), 0);
+    EXPECT_EQ(live(r->g, "accumulate"), 0);
+    ASSERT_EQ(live(r->g, ops::kMatmulAccumulateOp), 1);
+    for (const Node& n : r->g.nodes()) {
+      if (n.dead || n.op != ops::kMatmulAccumulateOp) continue;
+      EXPECT_EQ(n.inputs, (std::vector<ValueId>{r->dst, r->gy, r->x}));
+      EXPECT_TRUE(n.attrs.b("transpose_a"));
+      EXPECT_FALSE(n.attrs.b("transpose_b"));
+      EXPECT_EQ(n.attrs.b("overwrite"), overwrite);
+      EXPECT_EQ(n.phase, NodePhase::kBackward);
+    }
+  }
+}
+
+TEST(FuseGradMatmul, LeavesSameDtypeSharedAndNonViewChains) {
+  EXPECT_EQ(fuse_grad_matmul(sink_graph(DType::kF32, DType::kF32, true)->g), 0);
+  EXPECT_EQ(fuse_grad_matmul(sink_graph(DType::kF64, DType::kF64, false)->g), 0);
+  auto shared = sink_graph(DType::kBF16, DType::kF32, true, /*shared=*/true);
+  EXPECT_EQ(fuse_grad_matmul(shared->g), 0);
+  EXPECT_EQ(live(shared->g, "matmul"), 1);
+  // A scale between the product and the sink is arithmetic, not a view.
+  Graph g;
+  Builder b(g, NodePhase::kBackward);
+  ValueId dst = b.persistent("w.grad", {Shape{4, 6}, DType::kF32}, ValueRole::kGradient);
+  ValueId gy = b.input("gy", {Shape{5, 4}, DType::kBF16});
+  ValueId x = b.input("x", {Shape{5, 6}, DType::kBF16});
+  ops::accumulate(b, dst, ops::scale(b, ops::matmul(b, gy, x, true, false), 0.5));
+  EXPECT_EQ(fuse_grad_matmul(g), 0);
+}
+
+// The step graph of a bf16-compute run on one rank (the graph builds anywhere; only CUDA runs
+// it): every dense weight's gradient is written by its GEMM (Llama: wq wk wv wo w1 w2 w3 per
+// layer and the output head); the sinks left with a bf16 source are the norms' and the
+// embedding's, whose gradients are no matmul. The float32 graph keeps its sinks.
+TEST(FuseGradMatmul, Bf16StepGraphWritesEveryDenseWeightGradientFromItsGemm) {
+  const JobConfig cfg =
+      parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/llama3_debug.toml", {});
+  MeshLayout layout(parallel_dims_of(cfg, 1));
+  RankGroups groups(layout, 0);
+  auto bf16 = build_step_graph(cfg, &groups,
+                               StepGraphOptions{.tokenizer_vocab = 258,
+                                                .compute_dtype = DType::kBF16,
+                                                .master_dtype = DType::kF32,
+                                                .reduce_dtype = DType::kF32,
+                                                .overwrite_grads = true});
+  const int layers = int(bf16->model->n_layers());
+  EXPECT_EQ(bf16->fused_grad_matmuls, 7 * layers + 1);
+  EXPECT_EQ(live(bf16->graph, ops::kMatmulAccumulateOp), 7 * layers + 1);
+  int bf16_sinks = 0;
+  for (const Node& n : bf16->graph.nodes()) {
+    if (n.dead || n.op != "accumulate") continue;
+    const Value& src = bf16->graph.value(n.inputs.at(1));
+    if (src.meta.dtype != DType::kBF16) continue;
+    ++bf16_sinks;
+    EXPECT_NE(bf16->graph.node(src.producer).op, "matmul") << n.scope;
+  }
+  EXPECT_EQ(bf16_sinks, 2 * layers + 2);  // attention_norm, ffn_norm; norm, tok_embeddings
+  auto f32 = build_step_graph(cfg, &groups, StepGraphOptions{.tokenizer_vocab = 258});
+  EXPECT_EQ(f32->fused_grad_matmuls, 0);
+  EXPECT_EQ(live(f32->graph, ops::kMatmulAccumulateOp), 0);
+}
+
+// Fills a CPU executor's input with uniform values in [-1, 1) rounded to its dtype; returns them.
+std::vector<double> fill(Executor& ex, ValueId v, std::mt19937_64& rng) {
+  Tensor& t = const_cast<Tensor&>(ex.tensor(v));
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double x = u(rng);
+    if (t.dtype() == DType::kBF16) {
+      t.data<BFloat16>()[i] = BFloat16(float(x));
+      out[size_t(i)] = float(t.data<BFloat16>()[i]);
+    } else if (t.dtype() == DType::kF32) {
+      t.data<float>()[i] = float(x);
+      out[size_t(i)] = t.data<float>()[i];
+    } else {
+      t.data<double>()[i] = x;
+      out[size_t(i)] = x;
+    }
+  }
+  return out;
+}
+
+TEST(MatmulAccumulate, CpuBf16OperandsSumInFloat32IntoTheDestination) {
+  const uint64_t seed = testing::fresh_seed();
+  for (bool overwrite : {false, true}) {
+    SCOPED_TRACE(fmt::format("overwrite {} seed {}", overwrite, seed));
+    auto r = sink_graph(DType::kBF16, DType::kF32, overwrite);
+    ASSERT_EQ(fuse_grad_matmul(r->g), 1);
+    auto be = create_backend("cpu", 0);
+    Tensor dst = Tensor::empty(Shape{4, 6}, DType::kF32, be->allocator());
+    std::mt19937_64 rng(seed);
+    std::vector<float> dst0(24);
+    for (int i = 0; i < 24; ++i) dst.data<float>()[i] = dst0[size_t(i)] = float(i % 7) - 3.5f;
+    Executor ex(r->g, plan_memory(r->g, DeviceType::kCPU), *be, nullptr);
+    ex.bind(r->dst, dst);
+    ex.prepare();
+    const std::vector<double> gy = fill(ex, r->gy, rng), x = fill(ex, r->x, rng);
+    ex.run();
+    ex.run();  // twice: dst0 + 2 P, or P
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 6; ++j) {
+        double p = 0;
+        for (int t = 0; t < 10; ++t) p += gy[size_t(t * 4 + i)] * x[size_t(t * 6 + j)];
+        const double want = overwrite ? p : dst0[size_t(i * 6 + j)] + 2 * p;
+        // Ten products of bf16 values are exact in float32; their sum rounds a few times.
+        EXPECT_NEAR(dst.data<float>()[i * 6 + j], want, 1e-5 * (1 + std::abs(want)))
+            << "element " << i << "," << j;
+      }
+  }
+}
+
+TEST(MatmulAccumulate, CpuFloat64OverwriteEqualsMatmulThenAccumulate) {
+  const uint64_t seed = testing::fresh_seed();
+  auto be = create_backend("cpu", 0);
+  auto run = [&](bool fused) {
+    auto r = sink_graph(DType::kF64, DType::kF64, /*overwrite=*/true);
+    if (fused) {
+      // The pass leaves same-dtype sinks alone: build the accumulating form by hand.
+      Graph g;
+      Builder b(g, NodePhase::kBackward);
+      ValueId dst = b.persistent("w.grad", {Shape{4, 6}, DType::kF64}, ValueRole::kGradient);
+      ValueId gy = b.input("gy", {Shape{2, 5, 4}, DType::kF64});
+      ValueId x = b.input("x", {Shape{2, 5, 6}, DType::kF64});
+      ops::matmul_accumulate(b, dst, gy, x, true, false, true);
+      r->g = std::move(g);
+      r->dst = dst, r->gy = gy, r->x = x;
+    }
+    Tensor dst = Tensor::empty(Shape{4, 6}, DType::kF64, be->allocator());
+    for (int i = 0; i < 24; ++i) dst.data<double>()[i] = 100.0 + i;  // overwritten
+    Executor ex(r->g, plan_memory(r->g, DeviceType::kCPU), *be, nullptr);
+    ex.bind(r->dst, dst);
+    ex.prepare();
+    std::mt19937_64 rng(seed);
+    fill(ex, r->gy, rng);
+    fill(ex, r->x, rng);
+    ex.run();
+    return std::vector<double>(dst.data<double>(), dst.data<double>() + 24);
+  };
+  EXPECT_EQ(run(true), run(false)) << "seed " << seed;
+}
+
+TEST(MatmulAccumulate, RefusesADestinationOfTheWrongSizeOrDtype) {
+  Graph g;
+  Builder b(g);
+  ValueId gy = b.input("gy", {Shape{5, 4}, DType::kBF16});
+  ValueId x = b.input("x", {Shape{5, 6}, DType::kBF16});
+  ValueId small = b.persistent("small", {Shape{4, 5}, DType::kF32}, ValueRole::kGradient);
+  ValueId f64 = b.persistent("f64", {Shape{4, 6}, DType::kF64}, ValueRole::kGradient);
+  const std::string size = testing::error_message<ShapeError>(
+      [&] { ops::matmul_accumulate(b, small, gy, x, true, false, false); });
+  EXPECT_NE(size.find("the destination [4, 5] holds 20 elements, the product 4 x 6"),
+            std::string::npos)
+      << size;
+  const std::string dtype = testing::error_message<ShapeError>(
+      [&] { ops::matmul_accumulate(b, f64, gy, x, true, false, false); });
+  EXPECT_NE(dtype.find("a float64 destination for bfloat16 operands"), std::string::npos) << dtype;
+}
+
+}  // namespace
+}  // namespace meshtrain
