@@ -1,7 +1,7 @@
 // bench_attention: the bf16 flash-attention kernels at B=4, S=4096, H=16 (qk 192 / v 128, the
-// DeepSeek MLA shape, and 128/128), causal and not: every forward tile variant, the backward
-// (total and per pass) and forward+backward. Median of --iters after --warmup, CUDA events,
-// random bf16 inputs.
+// DeepSeek MLA shape, and 128/128), causal and not: every forward tile variant (mma.sync, then the
+// Hopper TMA/wgmma kernel's, "fwd sm90"), the backward (total and per pass) and forward+backward.
+// Median of --iters after --warmup, CUDA events, random bf16 inputs.
 //
 // FLOP conventions (say which one a number uses when you quote it):
 //   forward       2·B·H·S²·(Dqk + Dv)          (QKᵀ and PV)
@@ -155,6 +155,22 @@ void run_config(const Options& o, const Config& c, double ceiling, cudaStream_t 
     print_row("forward", cuda::attention_fwd_bf16_variant_name(c.dqk, c.dv, var), t.median_ms,
               f_fwd, f_fwd, cf, ceiling, note);
   }
+  // The Hopper forward (TMA, wgmma): every variant, compared with the mma.sync default's output.
+  const int sm90_variants = cuda::attention_fwd_bf16_sm90_num_variants(c.dqk, c.dv);
+  for (int var = 0; var < sm90_variants; ++var) {
+    auto fwd = [&] {
+      if (!cuda::attention_fwd_bf16_sm90(s, q.get(), k.get(), v.get(), out.get(), lsep, stream,
+                                         var))
+        throw std::runtime_error("the sm90 forward refused this shape or device");
+    };
+    const Timing t = time_it(fwd, stream, o.warmup, o.iters);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    char note[96];
+    std::snprintf(note, sizeof(note), "max|Δ| vs mma.sync default %.2e",
+                  max_abs_diff(out.get(), out0.get(), no));
+    print_row("fwd sm90", cuda::attention_fwd_bf16_sm90_variant_name(c.dqk, c.dv, var), t.median_ms,
+              f_fwd, f_fwd, cf, ceiling, note);
+  }
   // Backward from the default forward's out and lse.
   if (!cuda::attention_fwd_bf16(s, q.get(), k.get(), v.get(), out0.get(), lsep, stream))
     throw std::runtime_error("no forward kernel");
@@ -184,6 +200,15 @@ void run_config(const Options& o, const Config& c, double ceiling, cudaStream_t 
   const Timing tfb = time_it(fwdbwd, stream, o.warmup, o.iters);
   print_row("fwd+bwd", "default forward", tfb.median_ms, f_fwd + f_bwd, f_fwd + f_bwd_exec, cf,
             ceiling, "");
+  if (sm90_variants > 0) {
+    auto fwdbwd90 = [&] {
+      cuda::attention_fwd_bf16_sm90(s, q.get(), k.get(), v.get(), out0.get(), lsep, stream);
+      bwd(cuda::AttnBwdPasses::kAll)();
+    };
+    const Timing t90 = time_it(fwdbwd90, stream, o.warmup, o.iters);
+    print_row("fwd+bwd", "sm90 forward", t90.median_ms, f_fwd + f_bwd, f_fwd + f_bwd_exec, cf,
+              ceiling, "");
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 

@@ -1,7 +1,8 @@
-// bench_attention_cudnn: meshtrain's bf16 flash kernels against cuDNN's fused SDPA (backend API
-// plans, ops/cuda/cudnn_attention) in one invocation. First correctness on small odd shapes (each
-// output against a float64 CPU reference and against meshtrain's kernels, outputs NaN-poisoned
-// before every run, fresh random inputs), then timings at B 4, S 4096, H 16, causal, bf16, for
+// bench_attention_cudnn: meshtrain's bf16 flash kernels (the mma.sync forward and backward, and
+// the Hopper TMA/wgmma forward, every variant) against cuDNN's fused SDPA (backend API plans,
+// ops/cuda/cudnn_attention) in one invocation. First correctness on small odd shapes (each output
+// against a float64 CPU reference and against meshtrain's kernels, outputs NaN-poisoned before
+// every run, fresh random inputs), then timings at B 4, S 4096, H 16, causal, bf16, for
 // (Dqk, Dv) = (192, 128) and (128, 128): median of --iters after --warmup, CUDA events.
 //
 // FLOPs (stated in the table): causal counts half of S² ("causal = ½"): forward
@@ -176,6 +177,12 @@ struct Problem {
                                   static_cast<float*>(lse.get()), st))
       throw std::runtime_error("meshtrain has no bf16 forward kernel for these head dims");
   }
+  // The Hopper forward; throws when it refuses (not an sm_90 device, or head dims it lacks).
+  void sm90_fwd(cudaStream_t st, int variant) {
+    if (!cuda::attention_fwd_bf16_sm90(s, q.get(), k.get(), v.get(), out.get(),
+                                       static_cast<float*>(lse.get()), st, variant))
+      throw std::runtime_error("the sm90 forward refused this shape or device");
+  }
   void meshtrain_bwd(cudaStream_t st) {
     cuda::attention_bwd_bf16(s, q.get(), k.get(), v.get(), out.get(),
                              static_cast<const float*>(lse.get()), dout.get(), dq.get(), dk.get(),
@@ -227,7 +234,8 @@ void print_plans(const cuda::AttnShape& s) {
 
 // ---- correctness --------------------------------------------------------------------------------
 
-// Returns false if any cuDNN output is off by more than bf16 tolerance (2e-2) or NaN.
+// Returns false if any cuDNN output is off by more than bf16 tolerance (2e-2), an sm90 forward
+// output by more than 1e-2 (lse 1e-4), or any is NaN.
 bool check_small(const cuda::AttnShape& s, uint64_t seed, cudaStream_t st) {
   std::printf("\n  B=%lld S=%lld H=%lld Dqk=%lld Dv=%lld %s (seed %llu)\n", (long long)s.batch,
               (long long)s.seq, (long long)s.heads_q, (long long)s.dim_qk, (long long)s.dim_v,
@@ -252,10 +260,23 @@ bool check_small(const cuda::AttnShape& s, uint64_t seed, cudaStream_t st) {
   CUDA_CHECK(cudaStreamSynchronize(st));
   const Outputs mt = read(p);
   print_errors("meshtrain kernels", "float64", mt, ref);
+  bool ok = true;
+  for (int var = 0; var < cuda::attention_fwd_bf16_sm90_num_variants(s.dim_qk, s.dim_v); ++var) {
+    poison({&p.out, &p.lse});
+    p.sm90_fwd(st, var);
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    const std::vector<double> o = download_bf16(p.out), l = download_f32(p.lse);
+    const double e_out = rel_err(o, ref.out), e_lse = max_abs_err(l, ref.lse);
+    std::printf(
+        "    sm90 fwd %-26s vs float64    rel out %.2e  max|Δlse| %.2e  (vs mma.sync out "
+        "%.2e)\n",
+        cuda::attention_fwd_bf16_sm90_variant_name(s.dim_qk, s.dim_v, var), e_out, e_lse,
+        rel_err(o, mt.out));
+    ok = ok && e_out <= 1e-2 && e_lse <= 1e-4;
+  }
 
   print_plans(s);
   DeviceBuffer ws(workspace_for(s));
-  bool ok = true;
   for (auto mode : {cuda::CudnnBwdMode::kDeterministic, cuda::CudnnBwdMode::kAtomic}) {
     const bool det = mode == cuda::CudnnBwdMode::kDeterministic;
     poison({&p.out, &p.lse, &p.dq, &p.dk, &p.dv, &ws});
@@ -305,10 +326,20 @@ void time_config(const Options& o, int64_t dqk, int64_t dv, cudaStream_t st) {
     return t.median_ms;
   };
   std::printf("  | dqk/dv  | implementation               | pass     |   ms     | TFLOP/s |\n");
+  for (int var = 0; var < cuda::attention_fwd_bf16_sm90_num_variants(dqk, dv); ++var) {
+    const std::string name =
+        std::string("sm90 ") + cuda::attention_fwd_bf16_sm90_variant_name(dqk, dv, var);
+    row(name.c_str(), "forward", f_fwd, [&] { p.sm90_fwd(st, var); });
+  }
   row("meshtrain (mma.sync)", "forward", f_fwd, [&] { p.meshtrain_fwd(st); });
   row("meshtrain (mma.sync)", "backward", f_bwd, [&] { p.meshtrain_bwd(st); });
   CUDA_CHECK(cudaStreamSynchronize(st));
   const Outputs mt = read(p);
+  poison({&p.out, &p.lse});
+  p.sm90_fwd(st, 0);
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  std::printf("    full size: sm90 forward vs mma.sync: rel out %.2e  max|Δlse| %.2e\n",
+              rel_err(download_bf16(p.out), mt.out), max_abs_err(download_f32(p.lse), mt.lse));
   poison({&p.out, &p.lse, &p.dq, &p.dk, &p.dv, &ws});
   row("cuDNN fused SDPA", "forward", f_fwd, [&] { p.cudnn_fwd(ws, st); });
   row("cuDNN deterministic", "backward", f_bwd,
@@ -322,6 +353,10 @@ void time_config(const Options& o, int64_t dqk, int64_t dv, cudaStream_t st) {
   // Forward then backward, as a training step runs them (FLOPs 3.5 × forward).
   row("meshtrain (mma.sync)", "fwd+bwd", f_fwd + f_bwd, [&] {
     p.meshtrain_fwd(st);
+    p.meshtrain_bwd(st);
+  });
+  row("meshtrain (sm90 fwd)", "fwd+bwd", f_fwd + f_bwd, [&] {
+    p.sm90_fwd(st, 0);
     p.meshtrain_bwd(st);
   });
   row("cuDNN deterministic", "fwd+bwd", f_fwd + f_bwd, [&] {
@@ -406,7 +441,7 @@ int main(int argc, char** argv) try {
     }
   }
   std::printf("\nbench_attention_cudnn: %s\n",
-              ok ? "all cuDNN checks passed" : "SOME CHECKS FAILED");
+              ok ? "all cuDNN and sm90 checks passed" : "SOME CHECKS FAILED");
   cudaStreamDestroy(st);
   return ok ? 0 : 1;
 } catch (const std::exception& e) {

@@ -1,8 +1,9 @@
 // CUDA kernels for `attention` and `attention_backward`: factories that check dtype, head dims and
 // scale once at prepare time (an unsupported node fails there, naming its scope) and bind the
 // path: bfloat16 -> the attention library (cuDNN) where the build has it and the node's `kernel`
-// allows it, else the tensor-core flash kernels (compiled head dims); everything else -> the
-// CUDA-core kernels. The workspace functions and the factories resolve the path the same way.
+// allows it, else the tensor-core flash kernels (compiled head dims; the forward on Hopper's
+// TMA/wgmma kernel where it has them); everything else -> the CUDA-core kernels. The workspace
+// functions and the factories resolve the path the same way.
 #include "meshtrain/ops/attention.h"
 
 #include <algorithm>
@@ -144,15 +145,21 @@ KernelFn make_attention(const Node& n, const Graph& g) {
       attention_fwd_simple_bf16(s, c.in[0].raw(), c.in[1].raw(), c.in[2].raw(), c.out[0].raw(),
                                 c.out[1].data<float>(), stream_of(c));
     };
-  if (dtype == DType::kBF16)
-    return [s](KernelContext& c) {
+  if (dtype == DType::kBF16) {
+    // On Hopper the TMA/wgmma forward takes the head dims it has (decided here, once); the
+    // mma.sync kernels run everything else. Both write the out and lse the backward reads.
+    const bool sm90 = attention_fwd_bf16_sm90_supports(s);
+    return [s, sm90](KernelContext& c) {
       check_aligned16(c);
+      const void *q = c.in[0].raw(), *k = c.in[1].raw(), *v = c.in[2].raw();
+      float* lse = static_cast<float*>(c.out[1].raw());
       const bool ran =
-          attention_fwd_bf16(s, c.in[0].raw(), c.in[1].raw(), c.in[2].raw(), c.out[0].raw(),
-                             static_cast<float*>(c.out[1].raw()), stream_of(c));
+          (sm90 && attention_fwd_bf16_sm90(s, q, k, v, c.out[0].raw(), lse, stream_of(c))) ||
+          attention_fwd_bf16(s, q, k, v, c.out[0].raw(), lse, stream_of(c));
       MT_CHECK(ran, "attention bf16: no kernel for ({}, {}) after prepare checked it", s.dim_qk,
                s.dim_v);
     };
+  }
   if (dtype == DType::kF32)
     return [s](KernelContext& c) {
       attention_fwd_simple<float>(s, c.in[0].data<float>(), c.in[1].data<float>(),

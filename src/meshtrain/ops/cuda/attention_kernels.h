@@ -25,6 +25,19 @@ bool attention_fwd_bf16(const AttnShape& s, const void* q, const void* k, const 
 int attention_fwd_bf16_num_variants(int64_t dim_qk, int64_t dim_v);
 // nullptr when out of range.
 const char* attention_fwd_bf16_variant_name(int64_t dim_qk, int64_t dim_v, int variant);
+
+// ---- bf16 forward on Hopper's asynchronous path (TMA, mbarriers, wgmma; sm_90 devices) ---------
+// (Dqk, Dv) in {(192, 128), (128, 128)}, any seq, GQA (heads_q a multiple of heads_kv), causal or
+// not. Returns false, launching nothing, when the device is not compute capability 9.0, the head
+// dims have no kernel or a pointer is not 16-byte aligned; callers then run attention_fwd_bf16.
+// Same outputs as attention_fwd_bf16 up to fp32 summation order. `variant` as above.
+bool attention_fwd_bf16_sm90(const AttnShape& s, const void* q, const void* k, const void* v,
+                             void* out, float* lse, cudaStream_t stream, int variant = 0);
+// Whether attention_fwd_bf16_sm90 takes the shape on the current device (pointers aside).
+bool attention_fwd_bf16_sm90_supports(const AttnShape& s);
+int attention_fwd_bf16_sm90_num_variants(int64_t dim_qk, int64_t dim_v);
+const char* attention_fwd_bf16_sm90_variant_name(int64_t dim_qk, int64_t dim_v, int variant);
+
 // dq, dk, dv (bf16). `delta` is workspace for D = rowsum(dout * out): B*Hq*S floats. Deterministic:
 // each dq/dk/dv element is written by one CTA that sums in a fixed order (no atomics).
 // Three passes: delta, dK/dV (one CTA per key block), dQ (one CTA per query block; it recomputes

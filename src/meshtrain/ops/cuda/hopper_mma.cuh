@@ -1,0 +1,282 @@
+// Hopper (sm_90a) building blocks written from the PTX ISA: mbarriers, TMA tile copies (tensor maps
+// encoded on the host through the driver entry point, so nothing links libcuda), wgmma with shared
+// memory descriptors, setmaxnreg and named barriers. Rule: every shared-memory operand is a
+// 128-byte swizzled tile ([rows][64] bf16 column blocks, 1024-byte aligned), the layout TMA writes.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace meshtrain::cuda::hopper {
+
+// ---- shared-memory layout
+// ------------------------------------------------------------------------ A tile of R rows x D
+// bf16 columns is stored as D/64 column blocks of [R][64] (128-byte rows). Inside a block, the
+// 16-byte chunk c of row r sits at chunk position c ^ (r % 8): TMA's SWIZZLE_128B and wgmma's 128B
+// swizzle mode both compute this from address bits [4:6] ^ [7:9], so a block must start on a
+// 1024-byte boundary (8 rows x 128 bytes, one swizzle atom).
+constexpr int kSwizzleBytes = 128;
+constexpr int kBlockCols = 64;  // bf16 columns per 128-byte row
+
+// Byte offset of element (r, c) of a swizzled tile with R rows (any c < D).
+__host__ __device__ __forceinline__ uint32_t sw128_offset(int rows, int r, int c) {
+  const int block = c / kBlockCols, cc = c % kBlockCols;
+  return uint32_t(block * rows * kSwizzleBytes + r * kSwizzleBytes + (((cc >> 3) ^ (r & 7)) << 4) +
+                  (cc & 7) * 2);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarrier
+// ------------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (TMA completes on them).
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` of TMA traffic for the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase with parity `parity` has completed. A fresh barrier is in phase 0, so a
+// wait for parity 1 returns at once (producers start their "empty" waits that way).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ---- TMA (cp.async.bulk.tensor)
+// ------------------------------------------------------------------ Coordinates are innermost
+// first, in elements; rows outside the tensor read as zero (loads) and are not written (stores).
+// The tensor map is a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(const CUtensorMap* map, uint32_t dst, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                             int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// The committed stores have read their shared memory (it may be reused or freed after this).
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Ordinary shared-memory stores become visible to the async proxy (TMA store, wgmma operands).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- warp specialisation
+// -------------------------------------------------------------------------
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+// Named barriers (id 0 is __syncthreads): sync waits for `threads` arrivals including its own,
+// arrive adds this warp's arrivals without waiting.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- wgmma
+// ---------------------------------------------------------------------------------------
+// Shared-memory matrix descriptor: start address >> 4 (bits 0-13), leading-dimension byte offset
+// >> 4 (16-29), stride-dimension byte offset >> 4 (32-45), base offset 0 (49-51: every tile starts
+// on a 1024-byte swizzle atom), swizzle mode 1 = 128B (62-63).
+//   K-major operand (rows of M or N, K contiguous): LBO unused (1), SBO = 1024, the step between
+//     8-row groups; the k16 step inside a 64-column block moves the start address by 32 bytes.
+//   MN-major operand (rows of K, N contiguous; V in O += P V): SBO = 1024, the step between groups
+//     of 8 K rows; LBO = the step between 64-column blocks of N (rows * 128 bytes).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes,
+                                                     uint32_t sbo_bytes) {
+  uint64_t d = uint64_t((smem_addr & 0x3FFFF) >> 4);
+  d |= uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16;
+  d |= uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32;
+  d |= uint64_t(1) << 62;
+  return d;
+}
+constexpr uint32_t kSw128Sbo = 1024;
+constexpr uint32_t kKMajorLbo = 16;  // encodes as 1: "not used, assumed 1" for swizzled K-major
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving reads or writes of wgmma operand registers across this point
+// (wgmma accesses them asynchronously between issue and wait).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#define MT_WGMMA_D128                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define MT_WGMMA_ACC8(d, i)                                                                   \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MT_WGMMA_ACC64(d)                                                               \
+  MT_WGMMA_ACC8(d, 0), MT_WGMMA_ACC8(d, 8), MT_WGMMA_ACC8(d, 16), MT_WGMMA_ACC8(d, 24), \
+      MT_WGMMA_ACC8(d, 32), MT_WGMMA_ACC8(d, 40), MT_WGMMA_ACC8(d, 48), MT_WGMMA_ACC8(d, 56)
+
+// d[64 x 128] (+)= A[64 x 16] * B[16 x 128], bf16 in, fp32 accumulate, both operands K-major in
+// shared memory. `accumulate` 0 overwrites d. Accumulator layout (per warpgroup thread t, warp
+// w = t / 32, lane l = t % 32): d[4j + e] is row 16w + l/4 + 8(e/2), column 8j + 2(l%4) + e%2.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MT_WGMMA_D128
+      ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : MT_WGMMA_ACC64(d)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// d[64 x 128] (+)= A[64 x 16] * B[16 x 128] with A in registers (a[0..3] of this thread: rows
+// 16w + l/4 (a0, a2) and +8 (a1, a3); columns 2(l%4) + {0,1} (a0, a1) and +8 (a2, a3); the lower
+// column in the low half) and B MN-major in shared memory (imm-trans-b = 1).
+__device__ __forceinline__ void wgmma_m64n128k16_rs_bt(float (&d)[64], const uint32_t (&a)[4],
+                                                       uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MT_WGMMA_D128
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : MT_WGMMA_ACC64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+// d[64 x 128] = A[64 x K] B[128 x K]ᵀ, A and B K-major swizzled tiles (their 64-column blocks
+// a_block / b_block bytes apart; a and b address the first row used). The k16 step ks reads block
+// ks/4 at byte (ks%4)*32; the descriptor's address field takes the offset >> 4 directly.
+template <int K>
+__device__ __forceinline__ void wgmma_m64n128_kmajor(float (&d)[64], uint32_t a, uint32_t a_block,
+                                                     uint32_t b, uint32_t b_block) {
+  const uint64_t da = wgmma_desc_sw128(a, kKMajorLbo, kSw128Sbo);
+  const uint64_t db = wgmma_desc_sw128(b, kKMajorLbo, kSw128Sbo);
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    const uint32_t ao = (ks / 4) * a_block + (ks % 4) * 32, bo = (ks / 4) * b_block + (ks % 4) * 32;
+    wgmma_m64n128k16_ss(d, da + (ao >> 4), db + (bo >> 4), ks > 0);
+  }
+}
+
+// d[64 x 128] += A[64 x K] B[K x 128], A in registers (a[4k..4k+3]: k16 step k, as acc_to_a_regs
+// makes them), B MN-major: K rows of 128 bytes per 64-column block, the two blocks b_block bytes
+// apart; the k16 step k starts 16 rows (2048 bytes) further.
+template <int K>
+__device__ __forceinline__ void wgmma_m64n128_regs_mnmajor(float (&d)[64],
+                                                           const uint32_t (&a)[K / 4], uint32_t b,
+                                                           uint32_t b_block) {
+  const uint64_t db = wgmma_desc_sw128(b, b_block, kSw128Sbo);
+#pragma unroll
+  for (int k = 0; k < K / 16; ++k) {
+    const uint32_t ak[4] = {a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]};
+    wgmma_m64n128k16_rs_bt(d, ak, db + ((k * 16 * kSwizzleBytes) >> 4), 1);
+  }
+}
+
+#undef MT_WGMMA_D128
+#undef MT_WGMMA_ACC8
+#undef MT_WGMMA_ACC64
+
+// Two fp32 values -> bf16x2, `lo` in the low half (the lower column).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// The accumulator of an m64nN product, columns 16k..16k+15, as the register A operand of the next
+// product's k-step k: the accumulator pairs (4j..4j+3) of column chunks 2k and 2k+1 are exactly the
+// (row, column) pairs of a0..a3.
+template <int N>
+__device__ __forceinline__ void acc_to_a_regs(uint32_t (&a)[N / 4], const float (&d)[N / 2]) {
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) a[i] = pack_bf16x2(d[2 * i], d[2 * i + 1]);
+}
+
+// ---- host: tensor maps
+// --------------------------------------------------------------------------- A 4-D bf16 tensor map
+// (dims innermost first, strides in bytes for dims 1..3) with a box of box[0] = 64 columns (one
+// 128-byte swizzled row) and 128-byte swizzling; out-of-range elements read as zero. Returns
+// CUDA_SUCCESS, the driver's error, or CUDA_ERROR_NOT_FOUND when the driver has no
+// cuTensorMapEncodeTiled.
+inline CUresult encode_tensor_map_bf16_4d(CUtensorMap* map, const void* base,
+                                          const uint64_t dims[4], const uint64_t strides_bytes[3],
+                                          const uint32_t box[4]) {
+  using EncodeFn =
+      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static EncodeFn encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<EncodeFn>(fn);
+  }();
+  if (!encode) return CUDA_ERROR_NOT_FOUND;
+  const cuuint64_t d[4] = {dims[0], dims[1], dims[2], dims[3]};
+  const cuuint64_t s[3] = {strides_bytes[0], strides_bytes[1], strides_bytes[2]};
+  const cuuint32_t b[4] = {box[0], box[1], box[2], box[3]};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), d, s, b, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+}  // namespace meshtrain::cuda::hopper
