@@ -42,11 +42,11 @@ void matmul_accumulate(Builder& b, ValueId dst, ValueId a, ValueId bm, bool ta, 
 }
 
 ValueId matmul(Builder& b, ValueId a, ValueId bm, bool ta, bool tb) {
-  return b.op1("matmul", {a, bm}, {{"transpose_a", int64_t(ta)}, {"transpose_b", int64_t(tb)}});
+  return b.op1(kMatmulOp, {a, bm}, {{"transpose_a", int64_t(ta)}, {"transpose_b", int64_t(tb)}});
 }
 
 MT_REGISTER_OPS {
-  OpRegistry::instance().add_op({.name = "matmul",
+  OpRegistry::instance().add_op({.name = kMatmulOp,
                                  .infer =
                                      [](const std::vector<TensorMeta>& in, const Attrs& at) {
                                        bool ta = at.b("transpose_a"), tb = at.b("transpose_b");

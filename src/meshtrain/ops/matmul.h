@@ -9,6 +9,7 @@ namespace meshtrain::ops {
 
 ValueId matmul(Builder& b, ValueId a, ValueId bm, bool transpose_a = false,
                bool transpose_b = false);
+inline constexpr const char* kMatmulOp = "matmul";
 // dst (+)= op(A) · op(B) in place, dst a persistent [m, n] buffer (any shape of m·n elements):
 // the weight gradient written straight into its fp32 gradient buffer (graph/passes/
 // fuse_grad_matmul). A and B share a dtype; dst has theirs or, for bf16 operands, float32

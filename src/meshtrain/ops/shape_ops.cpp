@@ -95,7 +95,7 @@ ValueId slice_backward(Builder& b, ValueId dy, int dim, int64_t start, int64_t f
 }
 
 ValueId concat(Builder& b, const std::vector<ValueId>& xs, int dim) {
-  return b.op1("concat", xs, {{"dim", int64_t(dim)}});
+  return b.op1(kConcatOp, xs, {{"dim", int64_t(dim)}});
 }
 
 ValueId expand(Builder& b, ValueId x, int dim, int64_t n) {
@@ -120,7 +120,7 @@ MT_REGISTER_OPS {
                 },
             .rearranges = true});
   r.add_op({.name = "slice_backward", .infer = infer_slice_backward, .pads_slice = true});
-  r.add_op({.name = "concat", .infer = infer_concat, .backward = [](GradContext& c) {
+  r.add_op({.name = kConcatOp, .infer = infer_concat, .backward = [](GradContext& c) {
               int dim = int(c.attrs().i("dim"));
               std::vector<ValueId> g(c.node.inputs.size(), kNoValue);
               int64_t offset = 0;

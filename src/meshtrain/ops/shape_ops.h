@@ -16,6 +16,7 @@ ValueId slice(Builder& b, ValueId x, int dim, int64_t start, int64_t length);
 ValueId slice_backward(Builder& b, ValueId dy, int dim, int64_t start, int64_t full_extent);
 // Inputs of equal rank and dtype, equal extents except at dim. Backward: slices of dy.
 ValueId concat(Builder& b, const std::vector<ValueId>& xs, int dim);
+inline constexpr const char* kConcatOp = "concat";
 // x has extent 1 at dim; the output repeats it n times there. Backward: sum_dim(dy, dim).
 ValueId expand(Builder& b, ValueId x, int dim, int64_t n);
 // Sum over dim, keeping it with extent 1. Backward: expand(dy, dim, extent).

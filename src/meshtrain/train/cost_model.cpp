@@ -11,6 +11,7 @@
 #include "meshtrain/graph/graph_dump.h"
 #include "meshtrain/ir/op_registry.h"
 #include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/matmul.h"
 
 namespace meshtrain {
 
@@ -69,7 +70,7 @@ ThroughputTable default_throughput_table(DeviceType device) {
     t.source = "CPU defaults from bench/cost/cpu_table.txt (measured 2026-12-03, 1 thread)";
     t.default_flops_per_s = 7.454e10;
     t.default_bytes_per_s = 3.159e9;
-    t.flops_per_s = {{"matmul", 1.034e11},
+    t.flops_per_s = {{ops::kMatmulOp, 1.034e11},
                      {"grouped_matmul", 3.355e10},
                      {"grouped_matmul_wgrad", 3.396e10},
                      {ops::kAttentionOp, 1.048e10},

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "meshtrain/ir/op_registry.h"
+#include "meshtrain/ops/shape_ops.h"
 
 namespace meshtrain {
 namespace {
@@ -84,7 +85,7 @@ int fuse_slice_grads(Graph& g) {
       g.node(p.node).dead = true;
     }
     for (NodeId a : t.inner_adds) g.node(a).dead = true;
-    root.op = "concat";
+    root.op = ops::kConcatOp;
     root.inputs = std::move(inputs);
     root.attrs = Attrs{{"dim", int64_t(t.dim)}};
     ++rewritten;

@@ -36,7 +36,7 @@ std::vector<float> widened(const Tensor& t) {
 }
 
 MT_REGISTER_OPS {
-  add_cpu_kernel("matmul", [](KernelContext& c) {
+  add_cpu_kernel(ops::kMatmulOp, [](KernelContext& c) {
     bool ta = c.attrs().b("transpose_a"), tb = c.attrs().b("transpose_b");
     TensorMeta am{c.in[0].shape(), c.in[0].dtype()}, bm{c.in[1].shape(), c.in[1].dtype()};
     ops::MatmulDims d = ops::matmul_dims(am, bm, ta, tb);

@@ -66,7 +66,7 @@ MT_REGISTER_OPS {
                 static_cast<const char*>(c.in[0].raw()), in.extent, 0, in.outer, in.extent,
                 block_bytes(c.in[0], in));
   });
-  add_cpu_kernel("concat", [](KernelContext& c) {
+  add_cpu_kernel(ops::kConcatOp, [](KernelContext& c) {
     int dim = int(c.attrs().i("dim"));
     DimSplit out = split_at(c.out[0].shape(), dim);
     int64_t at = 0;

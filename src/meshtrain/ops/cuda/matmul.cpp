@@ -58,7 +58,7 @@ KernelFn make_matmul_accumulate_kernel(const Node& node, const Graph& graph) {
 MT_REGISTER_OPS {
   // Scratch: cuBLASLt's recommended 32 MiB on Hopper (split-K partials, kernel scratch).
   OpRegistry::instance().add_kernel_factory(
-      "matmul", DeviceType::kCUDA, make_matmul_kernel,
+      ops::kMatmulOp, DeviceType::kCUDA, make_matmul_kernel,
       [](const std::vector<TensorMeta>&, const std::vector<TensorMeta>&, const Attrs&) {
         return kGemmWorkspaceBytes;
       });

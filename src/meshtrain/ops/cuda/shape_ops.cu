@@ -165,7 +165,7 @@ MT_REGISTER_OPS {
     copy_blocks(c.out[0].raw(), out.extent, c.attrs().i("start"), c.in[0].raw(), in.extent, 0,
                 in.outer, in.extent, block_bytes(c.in[0], in), stream_of(c));
   });
-  add_cuda_kernel("concat", [](KernelContext& c) {
+  add_cuda_kernel(ops::kConcatOp, [](KernelContext& c) {
     const int dim = int(c.attrs().i("dim"));
     const DimSplit out = split_at(c.out[0].shape(), dim);
     int64_t at = 0;
