@@ -176,7 +176,23 @@ TEST(CudaCudnnAttention, ForwardAndBackwardMatchCpu) {
   const AttnShape cases[] = {{2, 333, 3, 3, 192, 128, 1.0 / std::sqrt(192.0), true},
                              {1, 200, 5, 5, 128, 128, 1.0 / std::sqrt(128.0), true},
                              {1, 256, 2, 2, 128, 128, 1.0 / std::sqrt(128.0), false}};
-  for (size_t i = 0; i < std::size(cases); ++i) check_case(cases[i], seed + i);
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const AttnShape& s = cases[i];
+    if (s.seq % 128 != 0 && cuda::cudnn_attention_version() <= 91500) {
+      // cuDNN up to 9.15 computes this backward wrong without a padding mask: meshtrain refuses
+      // it (auto then falls back to its own kernels), and says which version would do.
+      try {
+        cuda::cudnn_attention_bwd_plan(s);
+        ADD_FAILURE() << "cuDNN " << cuda::cudnn_attention_version()
+                      << " accepted a backward at S " << s.seq;
+      } catch (const ValueError& e) {
+        EXPECT_NE(std::string(e.what()).find("needs cuDNN > 9.15"), std::string::npos)
+            << e.what();
+      }
+      continue;
+    }
+    check_case(s, seed + i);
+  }
 }
 
 TEST(CudaCudnnAttention, GroupedQueryHeadsAreRefusedClearly) {
