@@ -17,7 +17,11 @@ namespace meshtrain {
 
 struct StepRecord {
   int64_t step = 0;
-  double loss = 0;       // global mean token loss of the step
+  double loss = 0;  // global mean token loss of the step (the main loss with MTP)
+  // Multi-token prediction (empty without): each depth's loss, the loss the step minimised and
+  // the weight it used ([model] mtp_loss_weight); total_loss = loss without MTP.
+  std::vector<double> mtp_losses;
+  double total_loss = 0, mtp_loss_weight = 0;
   double grad_norm = 0;  // global norm before clipping
   double lr = 0;
   // Non-finite loss or norm, update skipped ([training] skip_nonfinite_steps).

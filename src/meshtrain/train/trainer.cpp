@@ -22,6 +22,7 @@ StepRecord Trainer::step() {
   fault_->begin_step(step_);
   observers_.before_step(step_);
   zero_step_loss();
+  mtp_->begin_step(step_);
   run_step_micro_batches(r);
   observers_.after_backward(step_);
   r.lr = schedule_->lr_at_step(step_ + lr_offset_);
@@ -29,9 +30,13 @@ StepRecord Trainer::step() {
   optimizer_->step(step_ + optimizer_offset_, r.lr);
   // Every step: a NaN/Inf is caught on the step it appears (the AdamW kernels already skipped
   // the update on a non-finite norm). A skipped step does not advance the Adam step.
-  r.loss = read_step_loss();
+  const LossParts losses = read_step_loss();
+  r.loss = losses.main;
+  r.total_loss = losses.total;
+  r.mtp_losses = losses.mtp;
+  r.mtp_loss_weight = mtp_->weight();
   r.grad_norm = optimizer_->last_grad_norm();
-  r.skipped = fault_->after_optimizer(step_, r.loss, r.grad_norm, *checkpointer_);
+  r.skipped = fault_->after_optimizer(step_, r.total_loss, r.grad_norm, *checkpointer_);
   if (r.skipped) --optimizer_offset_;
   observers_.after_step(r);
   checkpointer_->after_step(step_, step_ + optimizer_offset_, step_ + lr_offset_, r.lr);
@@ -49,7 +54,7 @@ void Trainer::run_micro_batches() {
   }
 }
 
-double Trainer::read_step_loss() {
+LossParts Trainer::read_step_loss() {
   Stream& s = backend_->stream(0);
   // The step's loss is summed over micro-batches on this rank; the global mean is the sum over
   // every rank, since each already divided by the global count: data-parallel ranks hold other
@@ -60,7 +65,7 @@ double Trainer::read_step_loss() {
   // Host sync, every step: the non-finite check ([training] skip_nonfinite_steps, the default
   // stop) must see the loss of the step it appears in, and the log line reuses it.
   s.synchronize();
-  return host_scalar_.item_as_double(0);
+  return split_loss_sums(host_scalar_);
 }
 
 HfRunContext Trainer::hf_context() {
@@ -101,6 +106,7 @@ void Trainer::log_step(const StepRecord& r, double elapsed, int64_t steps_since)
   StepMetrics m;
   m.step = r.step;
   m.loss = r.loss;
+  set_mtp_metrics({r.total_loss, r.loss, r.mtp_losses}, r.mtp_loss_weight, m);
   m.grad_norm = r.grad_norm;
   m.lr = r.lr;
   m.step_time_s = elapsed / double(steps_since);

@@ -23,6 +23,7 @@
 #include "meshtrain/train/fault_guard.h"
 #include "meshtrain/train/input_feeder.h"
 #include "meshtrain/train/job_config.h"
+#include "meshtrain/train/loss_parts.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/step_graph.h"
 #include "meshtrain/train/step_observers.h"
@@ -96,7 +97,7 @@ class Trainer {
   void replay_step_synced(const TokenLoader::State& data_at);
   // Warns about exchanges that needed more rows than planned since `before`.
   void record_exchange_overflows(const RowCapacityStats& before, StepRecord& r) const;
-  double read_step_loss();
+  LossParts read_step_loss();
   void log_step(const StepRecord& r, double elapsed, int64_t steps_since);
   HfRunContext hf_context();
   const std::string& dump_folder() const { return cfg_.job.dump_folder; }
@@ -119,6 +120,7 @@ class Trainer {
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<InputFeeder> feeder_;
+  std::unique_ptr<MtpInputs> mtp_;  // the MTP inputs (inactive without multi-token prediction)
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<MetricsLogger> metrics_;
   StepObservers observers_;        // [profiling], [debug] dump_step
@@ -136,6 +138,7 @@ class Trainer {
   DType compute_dtype_ = DType::kF32, master_dtype_ = DType::kF32, reduce_dtype_ = DType::kF32;
   ValueId tokens_ = kNoValue, labels_ = kNoValue, token_count_ = kNoValue, loss_ = kNoValue;
   ValueId loss_sum_ = kNoValue;
+  ValueId mtp_token_count_ = kNoValue, mtp_loss_weight_ = kNoValue;  // graph inputs of MTP
   Tensor loss_sum_buffer_, host_scalar_;
   // The padded expert exchange's device overflow counter (undefined when synced) and its host copy.
   Tensor ep_overflow_, host_overflow_;

@@ -153,6 +153,8 @@ void Trainer::build_graph() {
   loss_sum_ = sg->loss_sum;
   reshard_ = sg->reshard;
   checkpoint_ = sg->checkpoint;
+  mtp_token_count_ = sg->mtp_token_count;
+  mtp_loss_weight_ = sg->mtp_loss_weight;
   fused_grad_matmuls_ = sg->fused_grad_matmuls;
   counts_ = count_model(*model_, *plan_, cfg_.training.seq_len);
 }
@@ -180,6 +182,8 @@ void Trainer::bind_executor() {
                  backend_->stream(0));
   feeder_ =
       std::make_unique<InputFeeder>(*backend_, exec_->tensor(tokens_), exec_->tensor(labels_));
+  mtp_ = std::make_unique<MtpInputs>(mtp_token_count_, mtp_loss_weight_, cfg_.model);
+  mtp_->prepare(*exec_, tokens_per_step_, cfg_.training.seq_len);
 }
 
 // AdamW with the load-balance bias update, and the LR schedule.
