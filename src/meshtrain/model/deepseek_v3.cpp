@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "meshtrain/model/layers.h"
+#include "meshtrain/model/mtp.h"
 #include "meshtrain/moe/load_balance.h"
 #include "meshtrain/ops/cross_entropy.h"
 #include "meshtrain/ops/elementwise.h"
@@ -22,7 +23,8 @@ namespace {
 // torchtitan's deepseek_v3 flavors, one row each. Every flavor shares MLA's kv_lora_rank 512,
 // qk_nope / qk_rope / v head dims 128 / 64 / 128, unnormalised routing (but 671B's) and scores
 // applied after the experts. vocab 0 (debugmodel): torchtitan's test tokenizer has 2048, meshtrain
-// takes the tokenizer's. groups 0: no group-limited routing.
+// takes the tokenizer's. groups 0: no group-limited routing. mtp: the MTP modules the release
+// ships (DeepSeek-V3's config.json num_nextn_predict_layers 1; DeepSeek-V2 and V2-Lite have none).
 struct DeepSeekV3Flavor {
   const char* name;
   int64_t vocab_size, dim, inter_dim, moe_inter_dim;
@@ -33,14 +35,15 @@ struct DeepSeekV3Flavor {
   double route_scale;
   int64_t q_lora_rank;
   double mscale;
+  int mtp;  // MTP modules the release ships (config.json num_nextn_predict_layers)
 };
 // clang-format off
 constexpr DeepSeekV3Flavor kFlavors[] = {
-//  name          vocab   dim   inter  moe_inter layers dense heads experts shared top_k groups limited score      norm   scale q_lora mscale
-  {"debugmodel",  0,      256,  1024,  256,      6,     1,    16,   8,      2,     3,    0,     0,      "softmax", false, 1.0,  0,     0.70},
-  {"16B",         102400, 2048, 10944, 1408,     27,    1,    16,   64,     2,     6,    0,     0,      "softmax", false, 1.0,  0,     0.70},
-  {"236B",        102400, 5120, 12288, 1536,     60,    1,    128,  160,    2,     6,    8,     3,      "softmax", false, 16.0, 1536,  1.0},
-  {"671B",        129280, 7168, 18432, 2048,     61,    3,    128,  256,    1,     8,    8,     4,      "sigmoid", true,  2.5,  1536,  1.0},
+//  name          vocab   dim   inter  moe_inter layers dense heads experts shared top_k groups limited score      norm   scale q_lora mscale mtp
+  {"debugmodel",  0,      256,  1024,  256,      6,     1,    16,   8,      2,     3,    0,     0,      "softmax", false, 1.0,  0,     0.70,  0},
+  {"16B",         102400, 2048, 10944, 1408,     27,    1,    16,   64,     2,     6,    0,     0,      "softmax", false, 1.0,  0,     0.70,  0},
+  {"236B",        102400, 5120, 12288, 1536,     60,    1,    128,  160,    2,     6,    8,     3,      "softmax", false, 16.0, 1536,  1.0,   0},
+  {"671B",        129280, 7168, 18432, 2048,     61,    3,    128,  256,    1,     8,    8,     4,      "sigmoid", true,  2.5,  1536,  1.0,   1},
 };
 // clang-format on
 
@@ -64,6 +67,7 @@ DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor) {
   a.qk_rope_head_dim = 64;
   a.v_head_dim = 128;
   a.mscale = f.mscale;
+  a.release_mtp_layers = f.mtp;
   a.moe = {.num_experts = f.num_experts,
            .num_shared_experts = f.num_shared_experts,
            .score_func = f.score_func,
@@ -93,6 +97,9 @@ void DeepSeekV3Args::validate(const std::string& flavor) const {
   positive(moe.token_group_alignment, "token_group_alignment");
   MT_CHECK_T(ConfigError, q_lora_rank >= 0, "deepseek_v3 {}: q_lora_rank must be >= 0, found {}",
              flavor, q_lora_rank);
+  MT_CHECK_T(ConfigError, mtp_layers >= 0,
+             "deepseek_v3 {}: mtp_layers must be >= 0 (0 = no multi-token prediction), found {}",
+             flavor, mtp_layers);
   MT_CHECK_T(ConfigError, n_dense_layers >= 0,
              "deepseek_v3 {}: n_dense_layers must be >= 0, found {}", flavor, n_dense_layers);
   MT_CHECK_T(ConfigError, moe.num_shared_experts >= 0,
@@ -134,18 +141,31 @@ class DeepSeekV3 final : public Model {
   std::string flavor() const override { return flavor_; }
   int64_t vocab_size() const override { return a_.vocab_size; }
   int n_layers() const override { return a_.n_layers; }
+  int mtp_layers() const override { return a_.mtp_layers; }
   std::string describe() const override;
   double active_fraction(const ParamInfo& p) const override {
     return p.kind == ParamKind::kExpert ? double(a_.moe.top_k) / double(a_.moe.num_experts) : 1.0;
   }
-  // torchtitan's get_moe_model_nparams_and_flops: head_dims = qk_nope + qk_rope + v.
+  // Every MTP depth runs the shared head once more.
+  double uses_per_token(const ParamInfo& p) const override {
+    return p.name == "output.weight" ? 1.0 + double(a_.mtp_layers) : 1.0;
+  }
+  // torchtitan's get_moe_model_nparams_and_flops: head_dims = qk_nope + qk_rope + v, over every
+  // block with attention (the MTP modules' too).
   double attention_flops_per_token(int64_t seq_len) const override {
-    return 6.0 * a_.n_layers * a_.n_heads * double(a_.qk_head_dim() + a_.v_head_dim) *
+    return 6.0 * a_.num_blocks() * a_.n_heads * double(a_.qk_head_dim() + a_.v_head_dim) *
            double(seq_len);
   }
-  ValueId build(Builder& b, ParallelPlan& plan, const ModelInputs& in) override;
+  ValueId build(Builder& b, ParallelPlan& plan, const ModelInputs& in) override {
+    return build_loss(b, plan, in).total;
+  }
+  ModelLoss build_loss(Builder& b, ParallelPlan& plan, const ModelInputs& in) override;
 
  private:
+  // Block `l` on the residual stream h, inside its open block scope: attention, then the dense
+  // FFN or the MoE.
+  ValueId block(Builder& b, ParallelPlan& plan, int l, ValueId h, ValueId table,
+                const ModelInputs& in);
   ValueId attention(Builder& b, ParallelPlan& plan, ValueId x, ValueId table, double init_std,
                     const ModelInputs& in);
   ValueId moe(Builder& b, ParallelPlan& plan, ValueId x, double init_std);
@@ -166,16 +186,25 @@ std::string DeepSeekV3::describe() const {
       : *a_.yarn_apply ? fmt::format("YaRN factor {:g} over {} at every length", a_.rope_factor,
                                      a_.original_seq_len)
                        : std::string("no YaRN");
+  // Multi-token prediction, when built or when the release ships it.
+  const std::string mtp =
+      a_.mtp_layers > 0
+          ? fmt::format(", MTP {} module{} (blocks {}..{})", a_.mtp_layers,
+                        a_.mtp_layers == 1 ? "" : "s", a_.n_layers, a_.num_blocks() - 1)
+      : a_.release_mtp_layers > 0
+          ? fmt::format(", no MTP (the release ships {}: [model] mtp_layers)",
+                        a_.release_mtp_layers)
+          : std::string();
   return fmt::format(
       "deepseek_v3 {}: dim {}, {} layers ({} dense, ffn {}), {} heads, MLA (q_lora {}, kv_lora {}, "
       "qk {}+{}, v {}), MoE {} experts top-{} {}{}{}{} + {} shared, hidden {}, load_balance_coeff "
-      "{:g}, vocab {}, rope theta {:g} ({})",
+      "{:g}, vocab {}, rope theta {:g} ({}){}",
       flavor_, a_.dim, a_.n_layers, std::min(a_.n_dense_layers, a_.n_layers), a_.inter_dim,
       a_.n_heads, a_.q_lora_rank, a_.kv_lora_rank, a_.qk_nope_head_dim, a_.qk_rope_head_dim,
       a_.v_head_dim, m.num_experts, m.top_k, m.score_func, m.route_norm ? " normed" : "",
       m.route_scale != 1.0 ? fmt::format(" ×{:g}", m.route_scale) : std::string(), groups,
       m.num_shared_experts, a_.moe_inter_dim, m.load_balance_coeff, a_.vocab_size, a_.rope_theta,
-      yarn);
+      yarn, mtp);
 }
 
 // Blocks take the residual stream's token shard x [T/tp, dim] and return on that shard:
@@ -270,7 +299,7 @@ ValueId DeepSeekV3::moe(Builder& b, ParallelPlan& plan, ValueId x, double init_s
   return etp ? plan.tp_exit(b, o.out) : o.out;
 }
 
-ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
+ModelLoss DeepSeekV3::build_loss(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
   const int tp = plan.tp_degree();
   MT_CHECK_T(ConfigError, a_.n_heads % tp == 0,
              "deepseek_v3 {}: n_heads {} must divide by tensor_parallel_degree {}", flavor_,
@@ -292,25 +321,35 @@ ValueId DeepSeekV3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in)
                                   cdt == DType::kF64 ? DType::kF64 : DType::kF32);
   for (int l = 0; l < a_.n_layers; ++l) {
     auto s = b.block(l);
-    const double init_std = 0.02 / std::sqrt(2.0 * (l + 1));
-    ValueId an =
-        plan.param(b, b.current_scope() + ".attention_norm.weight", {a_.dim}, InitSpec::ones());
-    h = ops::add(b, h,
-                 attention(b, plan, ops::rmsnorm(b, h, an, a_.norm_eps), table, init_std, in));
-    ValueId fn = plan.param(b, b.current_scope() + ".ffn_norm.weight", {a_.dim}, InitSpec::ones());
-    ValueId x = ops::rmsnorm(b, h, fn, a_.norm_eps);
-    h = ops::add(b, h,
-                 a_.is_moe_layer(l) ? moe(b, plan, x, init_std)
-                                    : feed_forward(b, plan, x, a_.dim, a_.inter_dim, init_std));
+    h = block(b, plan, l, h, table, in);
   }
   ValueId nw = plan.param(b, "norm.weight", {a_.dim}, InitSpec::ones());
+  const ValueId hidden = h;  // before the final norm: what the first MTP module reads
   h = ops::rmsnorm(b, h, nw, a_.final_eps(cdt));
   const double out_std = 1.0 / std::sqrt(double(a_.dim));
   ValueId wout = plan.param(b, "output.weight", {a_.vocab_size, a_.dim},
                             InitSpec::trunc_normal(out_std, -3 * out_std, 3 * out_std));
-  auto s = b.scope("output");
-  // Logits of this rank's token shard only: [T/tp, vocab].
-  return ops::cross_entropy(b, ops::linear(b, h, wout), labels, in.token_count);
+  ValueId loss;
+  {
+    auto s = b.scope("output");
+    // Logits of this rank's token shard only: [T/tp, vocab].
+    loss = ops::cross_entropy(b, ops::linear(b, h, wout), labels, in.token_count);
+  }
+  return add_mtp_modules(b, plan, a_, in, {.hidden = hidden, .embedding = emb, .output = wout},
+                         loss, [&](int l, ValueId x) { return block(b, plan, l, x, table, in); });
+}
+
+ValueId DeepSeekV3::block(Builder& b, ParallelPlan& plan, int l, ValueId h, ValueId table,
+                          const ModelInputs& in) {
+  const double init_std = 0.02 / std::sqrt(2.0 * (l + 1));
+  ValueId an =
+      plan.param(b, b.current_scope() + ".attention_norm.weight", {a_.dim}, InitSpec::ones());
+  h = ops::add(b, h, attention(b, plan, ops::rmsnorm(b, h, an, a_.norm_eps), table, init_std, in));
+  ValueId fn = plan.param(b, b.current_scope() + ".ffn_norm.weight", {a_.dim}, InitSpec::ones());
+  ValueId x = ops::rmsnorm(b, h, fn, a_.norm_eps);
+  return ops::add(b, h,
+                  a_.is_moe_layer(l) ? moe(b, plan, x, init_std)
+                                     : feed_forward(b, plan, x, a_.dim, a_.inter_dim, init_std));
 }
 
 }  // namespace
@@ -335,6 +374,7 @@ std::unique_ptr<Model> create_deepseek_v3(const ModelOptions& o) {
   if (o.moe_top_k > 0) a.moe.top_k = o.moe_top_k;
   a.moe.router_zero_init = o.router_zero_init;
   a.attention_kernel = o.attention_kernel;
+  a.mtp_layers = o.mtp_layers;
   return create_deepseek_v3(a, o.flavor);
 }
 

@@ -62,6 +62,11 @@ struct DeepSeekV3Args {
   std::optional<bool> yarn_apply;
   // The final norm's eps; 0 = torch's default for the compute dtype (torchtitan's nn.RMSNorm(dim)).
   double final_norm_eps = 0;
+  // Multi-token prediction (model/mtp.h): modules built after the main stack ([model]
+  // mtp_layers), and what the release this flavor describes ships (its config.json's
+  // num_nextn_predict_layers; informational, mtp_layers alone decides what is built).
+  int mtp_layers = 0;
+  int release_mtp_layers = 0;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // qk_head_dim^-0.5, times mscale'^2 with mscale' = 0.1·mscale·ln(rope_factor) + 1 when YaRN
@@ -69,14 +74,24 @@ struct DeepSeekV3Args {
   double softmax_scale(int64_t seq_len) const;
   // YaRN on the rope part, applied when seq_len > original_seq_len (torchtitan's rule).
   ops::RopeConfig rope_config() const;
+  // Block `layer` (an MTP module's too: its block index counts, as in the release) is MoE.
   bool is_moe_layer(int layer) const { return layer >= n_dense_layers; }
+  // The main stack's blocks and then the MTP modules': module k (1..mtp_layers) is block
+  // n_layers + k - 1 ("layers.<n_layers + k - 1>", the release's model.layers.{n_layers + k - 1}).
+  int num_blocks() const { return n_layers + mtp_layers; }
+  int mtp_block(int depth) const { return n_layers + depth - 1; }
+  // The MTP depth of block `block` (1..mtp_layers), 0 for a block of the main stack.
+  int mtp_depth_of_block(int block) const {
+    return block >= n_layers && block < num_blocks() ? block - n_layers + 1 : 0;
+  }
   // The eps the final norm uses in a run computing in `compute`.
   double final_eps(DType compute) const;
   // ConfigError naming the field when the shapes cannot work.
   void validate(const std::string& flavor) const;
 };
 
-// Flavors with torchtitan's shapes: debugmodel, 16B, 236B, 671B.
+// Flavors with torchtitan's shapes: debugmodel, 16B, 236B, 671B (release_mtp_layers: 671B ships
+// one MTP module, DeepSeek-V3's num_nextn_predict_layers; the V2-shaped 16B and 236B none).
 DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor);
 std::vector<std::string> deepseek_v3_flavors();
 

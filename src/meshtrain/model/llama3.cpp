@@ -193,6 +193,10 @@ std::unique_ptr<Model> create_llama3(const Llama3Args& a, const std::string& fla
 }
 
 std::unique_ptr<Model> create_llama3(const ModelOptions& o) {
+  MT_CHECK_T(ConfigError, o.mtp_layers == 0,
+             "[model] mtp_layers = {}: multi-token prediction is a deepseek_v3 feature (its MTP "
+             "modules are MLA + MoE blocks); llama3 has none, set [model] mtp_layers = 0",
+             o.mtp_layers);
   Llama3Args a = llama3_flavor(o.flavor);
   a.vocab_size = resolve_vocab(o, a.vocab_size);
   if (o.n_layers_override > 0) a.n_layers = o.n_layers_override;

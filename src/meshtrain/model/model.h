@@ -19,6 +19,18 @@ struct ModelInputs {
   ValueId token_count = kNoValue;  // [1] int64: tokens the loss is normalised by (global)
   int64_t batch = 0;               // local batch
   int64_t seq_len = 0;
+  // Models with multi-token prediction (model/mtp.h) only, else kNoValue: the global number of
+  // valid targets of each depth [mtp_layers] int64, and the weight of the mean MTP loss [1] in the
+  // loss dtype (both written by the caller, like token_count).
+  ValueId mtp_token_count = kNoValue;
+  ValueId mtp_loss_weight = kNoValue;
+};
+
+// The losses one micro-batch's forward emits, each a [1] value already divided by its global count.
+struct ModelLoss {
+  ValueId total = kNoValue;  // what training minimises (main + weight · mean of the MTP losses)
+  ValueId main = kNoValue;   // the next-token cross entropy (the same value as total without MTP)
+  std::vector<ValueId> mtp;  // depth 1..D: the cross entropy of the token k + 1 ahead
 };
 
 struct ModelOptions {
@@ -33,6 +45,7 @@ struct ModelOptions {
   int64_t moe_top_k = 0;             // [model] moe_top_k (0 = flavor's)
   bool router_zero_init = false;     // [model] router_zero_init
   ops::AttentionKernel attention_kernel = ops::AttentionKernel::kAuto;  // [model] attention_backend
+  int mtp_layers = 0;  // [model] mtp_layers: multi-token-prediction modules (deepseek_v3 only)
 };
 
 class Model {
@@ -41,14 +54,33 @@ class Model {
   virtual std::string name() const = 0;
   virtual std::string flavor() const = 0;
   virtual int64_t vocab_size() const = 0;
-  virtual int n_layers() const = 0;
+  virtual int n_layers() const = 0;  // the main stack's blocks
+  // Multi-token-prediction modules after the main stack (model/mtp.h); 0 for models without.
+  virtual int mtp_layers() const { return 0; }
+  // Every transformer block the model emits: the main stack's, then one per MTP module (module k
+  // is block n_layers() + k - 1, so passes and metrics treat it as a block).
+  int num_blocks() const { return n_layers() + mtp_layers(); }
+  // The MTP depth (1..mtp_layers()) of block `block`, 0 for a block of the main stack.
+  int mtp_depth_of_block(int block) const {
+    return block >= n_layers() && block < num_blocks() ? block - n_layers() + 1 : 0;
+  }
   // One line for the start-up summary: the shapes that matter.
   virtual std::string describe() const = 0;
-  // Emits the forward graph; returns the scalar loss (sum of token losses / token_count).
+  // Emits the forward graph; returns the scalar loss (sum of token losses / token_count) that
+  // training minimises (build_loss().total).
   virtual ValueId build(Builder& b, ParallelPlan& plan, const ModelInputs& in) = 0;
+  // The same graph, with its parts: the main loss and each MTP depth's. Models without MTP
+  // return build()'s loss as both total and main.
+  virtual ModelLoss build_loss(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
+    const ValueId loss = build(b, plan, in);
+    return {loss, loss, {}};
+  }
   // Share of a parameter that one token uses (1 for dense; top_k / num_experts for routed
   // experts), for active-parameter counts and MFU.
   virtual double active_fraction(const ParamInfo& p) const { return 1.0; }
+  // How many times one token's forward multiplies by a parameter, for FLOPs (the output head
+  // shared by the MTP modules: 1 + mtp_layers; 1 for every other parameter).
+  virtual double uses_per_token(const ParamInfo& p) const { return 1.0; }
   // The attention term of FLOPs per token (training: forward + backward), torchtitan's
   // convention: 6 · layers · heads · (d_qk + d_v) · seq_len (no causal discount).
   virtual double attention_flops_per_token(int64_t seq_len) const = 0;

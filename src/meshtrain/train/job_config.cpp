@@ -120,6 +120,24 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("model", "hf_config", &J::model, &ModelSection::hf_config,
                     "HF config.json (or a folder holding one) giving the model's dims instead of "
                     "the flavor; \"\" = the flavor's"));
+  t.push_back(field("model", "mtp_layers", &J::model, &ModelSection::mtp_layers,
+                    "deepseek_v3: multi-token-prediction modules after the main stack (module k "
+                    "predicts the token k + 1 ahead; block n_layers + k - 1); 0 = none. The 671B "
+                    "release ships 1")
+                  .at_least(0));
+  t.push_back(field("model", "mtp_loss_weight", &J::model, &ModelSection::mtp_loss_weight,
+                    "With mtp_layers > 0: loss = main + mtp_loss_weight x the mean of the MTP "
+                    "depths' losses (0 = the MTP modules train nothing into the main model)")
+                  .at_least(0));
+  t.push_back(field("model", "mtp_loss_weight_after_step", &J::model,
+                    &ModelSection::mtp_loss_weight_after_step,
+                    "With mtp_layers > 0: steps after this one use mtp_loss_weight_after instead "
+                    "of mtp_loss_weight; 0 = never")
+                  .at_least(0));
+  t.push_back(field("model", "mtp_loss_weight_after", &J::model,
+                    &ModelSection::mtp_loss_weight_after,
+                    "With mtp_layers > 0: the MTP loss weight after mtp_loss_weight_after_step")
+                  .at_least(0));
   // [optimizer]
   t.push_back(choice_field("optimizer", "name", &J::optimizer, &OptimizerSection::name,
                            "Optimizer to use", {OptimizerKind::kAdamW}, optimizer_kind_name));
@@ -540,8 +558,32 @@ void validate_checkpoint(const CheckpointSection& k) {
 }
 }  // namespace
 
+double ModelSection::mtp_loss_weight_at(int64_t step) const {
+  return mtp_loss_weight_after_step > 0 && step > mtp_loss_weight_after_step ? mtp_loss_weight_after
+                                                                             : mtp_loss_weight;
+}
+
+namespace {
+void validate_mtp(const JobConfig& c) {
+  const ModelSection& m = c.model;
+  if (m.mtp_layers == 0) return;
+  MT_CHECK_T(ConfigError, m.name == "deepseek_v3",
+             "[model] mtp_layers = {}: multi-token prediction is a deepseek_v3 feature (its MTP "
+             "modules are MLA + MoE blocks); [model] name \"{}\" has none, set mtp_layers = 0",
+             m.mtp_layers, m.name);
+  MT_CHECK_T(ConfigError, m.mtp_layers < c.training.seq_len,
+             "[model] mtp_layers = {} needs [training] seq_len > {}: depth k predicts the token "
+             "k + 1 ahead inside each row, found seq_len {}",
+             m.mtp_layers, m.mtp_layers, c.training.seq_len);
+  MT_CHECK_T(ConfigError, !c.validation.enable || m.mtp_layers < c.validation.seq_len,
+             "[model] mtp_layers = {} needs [validation] seq_len > {}, found {}", m.mtp_layers,
+             m.mtp_layers, c.validation.seq_len);
+}
+}  // namespace
+
 void validate_job_config(const JobConfig& c) {
   validate_checkpoint(c.checkpoint);
+  validate_mtp(c);
   const TrainingSection& t = c.training;
   if (t.global_batch_size != -1 && t.global_batch_size % t.local_batch_size != 0)
     MT_THROW(ConfigError,

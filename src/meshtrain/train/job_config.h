@@ -80,6 +80,15 @@ struct ModelSection {
   // An HF config.json (or a folder holding one) whose dims the model takes instead of the
   // flavor's; "" = the flavor. [model] name must match its architecture.
   std::string hf_config;
+  // Multi-token prediction (deepseek_v3 only, model/mtp.h): D modules after the main stack, and
+  // the loss main + weight · mean of the D depths' losses. The weight is mtp_loss_weight for
+  // steps 1..mtp_loss_weight_after_step and mtp_loss_weight_after from the next step on (the
+  // report's 0.3 then 0.1); after_step 0 = one weight for the whole run.
+  int64_t mtp_layers = 0;
+  double mtp_loss_weight = 0.3;
+  int64_t mtp_loss_weight_after_step = 0;
+  double mtp_loss_weight_after = 0.1;
+  double mtp_loss_weight_at(int64_t step) const;
 };
 
 struct OptimizerSection {

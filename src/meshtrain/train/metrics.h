@@ -1,6 +1,7 @@
 // Per-step metrics: torchtitan's log line on rank 0 every log_freq steps, one JSON object per
 // logged step appended to <dump_folder>/metrics.jsonl (full float precision, so runs compare),
-// and, when enabled, the same figures as TensorBoard scalars.
+// and, when enabled, the same figures as TensorBoard scalars. With multi-token prediction `loss`
+// stays the next-token loss (Megatron's "lm loss"); mtp_loss_<k> and total_loss come beside it.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,12 @@ namespace meshtrain {
 
 struct StepMetrics {
   int64_t step = 0;
-  double loss = 0;
+  double loss = 0;  // the next-token loss (with MTP: the main loss, without the MTP depths)
+  // Multi-token prediction (empty without): each depth's loss, the loss training minimises
+  // (loss + mtp_loss_weight · mean of mtp_losses) and the step's weight.
+  std::vector<double> mtp_losses;
+  double total_loss = 0;
+  double mtp_loss_weight = 0;
   double grad_norm = 0;
   double lr = 0;
   double tps = 0;         // tokens per second per device
@@ -31,8 +37,9 @@ struct StepMetrics {
 // A validation pass: the mean token loss over its batches, and its throughput.
 struct ValidationMetrics {
   int64_t step = 0;
-  double loss = 0;
-  double tps = 0;  // tokens per second per device
+  double loss = 0;                 // the next-token loss
+  std::vector<double> mtp_losses;  // each MTP depth's (empty without MTP)
+  double tps = 0;                  // tokens per second per device
   int64_t batches = 0;
   double memory_gib = 0;
 };

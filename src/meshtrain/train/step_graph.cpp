@@ -7,6 +7,7 @@
 #include "meshtrain/graph/passes/assign_streams.h"
 #include "meshtrain/graph/passes/fuse_slice_grads.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/shape_ops.h"
 
 namespace meshtrain {
 
@@ -24,6 +25,19 @@ ParallelDims parallel_dims_of(const JobConfig& cfg, int world) {
 }
 
 namespace {
+
+// [model] mtp_layers against the model built: a model read from [model] hf_config must have
+// taken it too (a mismatch would train without the modules the user asked for, silently).
+void check_mtp_layers(const ModelSection& m, const Model& model) {
+  MT_CHECK_T(ConfigError, model.mtp_layers() == m.mtp_layers,
+             "[model] mtp_layers = {} but the {} model built from {} has {} MTP modules",
+             m.mtp_layers, model.name(),
+             m.hf_config.empty() ? std::string("its flavor") : "[model] hf_config " + m.hf_config,
+             model.mtp_layers());
+}
+
+// The dtype of the cross-entropy losses: float32 for bfloat16 logits, else the compute dtype.
+DType loss_dtype(DType compute) { return compute == DType::kBF16 ? DType::kF32 : compute; }
 
 // Model, plan, inputs and the forward up to the loss accumulator: what the training and the
 // validation graphs share. `local_batch` x `seq_len` is one micro-batch of this rank.
@@ -43,9 +57,11 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   mo.moe_top_k = cfg.model.moe_top_k;
   mo.router_zero_init = cfg.model.router_zero_init;
   mo.attention_kernel = cfg.model.attention_backend;
+  mo.mtp_layers = int(cfg.model.mtp_layers);
   sg->model = cfg.model.hf_config.empty()
                   ? create_model(mo)
                   : create_model_from_hf(read_hf_config(cfg.model.hf_config), mo);
+  check_mtp_layers(cfg.model, *sg->model);
   sg->plan = std::make_unique<ParallelPlan>(
       PlanConfig{
           .master_dtype = o.master_dtype,
@@ -64,9 +80,24 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   sg->labels = b.input("labels", {bs, DType::kI32});
   sg->token_count = b.input("token_count", {Shape{1}, DType::kI64});
   ModelInputs in{sg->tokens, sg->labels, sg->token_count, sg->local_batch, sg->seq_len};
-  sg->loss = sg->model->build(b, *sg->plan, in);
-  sg->loss_sum = b.persistent("loss_sum", b.meta(sg->loss), ValueRole::kState);
-  ops::accumulate(b, sg->loss_sum, sg->loss);
+  sg->mtp_layers = sg->model->mtp_layers();
+  if (sg->mtp_layers > 0) {
+    sg->mtp_token_count = b.input("mtp_token_count", {Shape{sg->mtp_layers}, DType::kI64});
+    sg->mtp_loss_weight = b.input("mtp_loss_weight", {Shape{1}, loss_dtype(o.compute_dtype)});
+    in.mtp_token_count = sg->mtp_token_count;
+    in.mtp_loss_weight = sg->mtp_loss_weight;
+  }
+  const ModelLoss loss = sg->model->build_loss(b, *sg->plan, in);
+  sg->loss = loss.total;
+  // Without MTP the accumulator holds the loss alone; with it [total, main, mtp_1 .. mtp_D].
+  ValueId parts = loss.total;
+  if (sg->mtp_layers > 0) {
+    std::vector<ValueId> all{loss.total, loss.main};
+    all.insert(all.end(), loss.mtp.begin(), loss.mtp.end());
+    parts = ops::concat(b, all, 0);
+  }
+  sg->loss_sum = b.persistent("loss_sum", b.meta(parts), ValueRole::kState);
+  ops::accumulate(b, sg->loss_sum, parts);
   return sg;
 }
 
@@ -104,13 +135,15 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   }
 
   const auto policy = cfg.parallelism.fsdp_reshard_after_forward;
-  const int n_layers = sg->model->n_layers();
+  // Blocks in forward order: the main stack's, then the MTP modules' (the last one's backward
+  // comes first).
+  const int n_blocks = sg->model->num_blocks();
   if (policy != ReshardAfterForward::kNever && layout && layout->group_size(MeshGroup::kFsdp) > 1) {
     // torchtitan's "default": every transformer block but the last reshards (backward starts
     // with the last block right away); the root parameters stay gathered.
     sg->reshard = reshard_after_forward(g, MeshGroup::kFsdp, [&](const Node& gather) {
       if (policy == ReshardAfterForward::kAlways) return true;
-      return gather.block != kNoBlock && gather.block != n_layers - 1;
+      return gather.block != kNoBlock && gather.block != n_blocks - 1;
     });
   }
   // Then the scheduling passes: buckets over the gathers the passes above left (re-gathers

@@ -25,8 +25,14 @@ struct StepGraph {
   std::unique_ptr<Model> model;
   std::unique_ptr<ParallelPlan> plan;
   ValueId tokens = kNoValue, labels = kNoValue, token_count = kNoValue;
-  ValueId loss = kNoValue;      // this micro-batch's loss (already divided by the global count)
-  ValueId loss_sum = kNoValue;  // persistent [1] accumulator of `loss` over a step's micro-batches
+  ValueId loss = kNoValue;  // this micro-batch's loss (already divided by the global count)
+  // Persistent accumulator over a step's micro-batches: [1] `loss`, or with MTP [2 + D]: the
+  // total, the main loss, then each depth's (train/loss_parts.h reads it).
+  ValueId loss_sum = kNoValue;
+  // Multi-token prediction (model/mtp.h): its modules, and the inputs the runner writes
+  // (train/loss_parts.h): each depth's global target count [D] int64 and the loss weight [1].
+  int mtp_layers = 0;
+  ValueId mtp_token_count = kNoValue, mtp_loss_weight = kNoValue;
   ReshardStats reshard;
   CheckpointStats checkpoint;
   BucketStats buckets;

@@ -102,6 +102,12 @@ std::map<std::string, double> tensorboard_scalars(const StepMetrics& m) {
       {"time_metrics/end_to_end(s)", m.step_time_s},
   };
   if (m.mfu >= 0) s["mfu(%)"] = m.mfu;
+  if (!m.mtp_losses.empty()) {
+    for (size_t k = 0; k < m.mtp_losses.size(); ++k)
+      s[fmt::format("loss_metrics/mtp_loss_{}", k + 1)] = m.mtp_losses[k];
+    s["loss_metrics/total_loss"] = m.total_loss;
+    s["loss_metrics/mtp_loss_weight"] = m.mtp_loss_weight;
+  }
   // "moe.layers.3.load_max" -> "moe/layers.3/load_max"; "moe.imbalance_avg" -> "moe/imbalance_avg"
   for (const auto& [key, v] : m.extra) {
     std::string tag = key;

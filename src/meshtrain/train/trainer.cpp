@@ -159,6 +159,8 @@ Trainer::Trainer(const JobConfig& cfg, Communicator& world, const LaunchInfo& la
                  backend_->stream(0));
   feeder_ =
       std::make_unique<InputFeeder>(*backend_, exec_->tensor(tokens_), exec_->tensor(labels_));
+  mtp_ = std::make_unique<MtpInputs>(sg->mtp_token_count, sg->mtp_loss_weight, cfg_.model);
+  mtp_->prepare(*exec_, tokens_per_step_, cfg_.training.seq_len);
 
   const LoadBalanceOptions lb = load_balance_options(*plan_, *layout_);
   optimizer_ = std::make_unique<Optimizer>(*store_, adamw_params(cfg_, accum_steps_), *backend_,
@@ -318,7 +320,7 @@ void Trainer::log_startup() const {
              (std::filesystem::path(dump_folder_) / "step_graph.txt").string());
 }
 
-double Trainer::read_step_loss() {
+LossParts Trainer::read_step_loss() {
   Stream& s = backend_->stream(0);
   // The step's loss is summed over micro-batches on this rank; the global mean is the sum over
   // every rank, since each already divided by the global count: data-parallel ranks hold other
@@ -329,7 +331,7 @@ double Trainer::read_step_loss() {
   // Host sync, every step: the non-finite check ([training] skip_nonfinite_steps, the default
   // stop) must see the loss of the step it appears in, and the log line reuses it.
   s.synchronize();
-  return host_scalar_.item_as_double(0);
+  return split_loss_sums(host_scalar_);
 }
 
 void Trainer::run_micro_batches() {
@@ -395,6 +397,7 @@ StepRecord Trainer::step(bool /*read_back*/) {
   if (dump) debug_dump_->weights(hf_context());
   Stream& s = backend_->stream(0);
   backend_->fill_zero(loss_sum_buffer_.raw(), loss_sum_buffer_.nbytes(), s);
+  mtp_->begin_step(step_);
   // Profiled steps only: the observer records events around every node of this step's runs.
   const bool profile = profiler_ && step_ % std::max<int64_t>(1, cfg_.profiling.profile_freq) == 0;
   if (profile) {
@@ -435,9 +438,13 @@ StepRecord Trainer::step(bool /*read_back*/) {
   optimizer_->step(step_ + optimizer_offset_, r.lr);
   // Every step: a NaN/Inf is caught on the step it appears (the AdamW kernels already skipped
   // the update on a non-finite norm). A skipped step does not advance the Adam step.
-  r.loss = read_step_loss();
+  const LossParts losses = read_step_loss();
+  r.loss = losses.main;
+  r.total_loss = losses.total;
+  r.mtp_losses = losses.mtp;
+  r.mtp_loss_weight = mtp_->weight();
   r.grad_norm = optimizer_->last_grad_norm();
-  r.skipped = fault_->after_optimizer(step_, r.loss, r.grad_norm, *checkpointer_);
+  r.skipped = fault_->after_optimizer(step_, r.total_loss, r.grad_norm, *checkpointer_);
   if (r.skipped) --optimizer_offset_;
   if (dump) {
     std::vector<std::pair<std::string, std::vector<double>>> loads;
@@ -527,6 +534,7 @@ void Trainer::log_step(const StepRecord& r, double elapsed, int64_t steps_since)
   StepMetrics m;
   m.step = r.step;
   m.loss = r.loss;
+  set_mtp_metrics({r.total_loss, r.loss, r.mtp_losses}, r.mtp_loss_weight, m);
   m.grad_norm = r.grad_norm;
   m.lr = r.lr;
   m.step_time_s = elapsed / double(steps_since);

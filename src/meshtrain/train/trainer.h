@@ -24,6 +24,7 @@
 #include "meshtrain/train/fault_guard.h"
 #include "meshtrain/train/input_feeder.h"
 #include "meshtrain/train/job_config.h"
+#include "meshtrain/train/loss_parts.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/profiler.h"
 
@@ -31,7 +32,11 @@ namespace meshtrain {
 
 struct StepRecord {
   int64_t step = 0;
-  double loss = 0;       // global mean token loss of the step
+  double loss = 0;  // global mean token loss of the step (the main loss with MTP)
+  // Multi-token prediction (empty without): each depth's loss, the loss the step minimised and
+  // the weight it used ([model] mtp_loss_weight); total_loss = loss without MTP.
+  std::vector<double> mtp_losses;
+  double total_loss = 0, mtp_loss_weight = 0;
   double grad_norm = 0;  // global norm before clipping
   double lr = 0;
   bool skipped =
@@ -104,7 +109,7 @@ class Trainer {
   void build_graph();
   void log_startup() const;
   void start_checkpointing(const ParallelDims& dims);
-  double read_step_loss();
+  LossParts read_step_loss();
   void run_micro_batches();
   // [parallelism] expert_exchange = "padded": true when a padded exchange of any rank overflowed
   // in this step's micro-batches (one all-reduce and host wait per step, before the optimizer).
@@ -132,6 +137,7 @@ class Trainer {
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<InputFeeder> feeder_;
+  std::unique_ptr<MtpInputs> mtp_;  // the MTP inputs (inactive without multi-token prediction)
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<Profiler> profiler_;    // [profiling] enable_profiling

@@ -1,4 +1,4 @@
-// Validator (see header): the held-out loss, read back once per pass.
+// Validator (see header): the held-out loss (and each MTP depth's), read back once per pass.
 #include "meshtrain/train/validator.h"
 
 #include <chrono>
@@ -6,6 +6,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/graph/memory_plan.h"
+#include "meshtrain/train/loss_parts.h"
 #include "meshtrain/train/torchtitan_assets.h"
 
 namespace meshtrain {
@@ -74,6 +75,10 @@ Validator::Validator(const JobConfig& cfg, const GroupLayout* layout,
                backend.stream(0));
   feeder_ = std::make_unique<InputFeeder>(backend, exec_->tensor(sg_->tokens),
                                           exec_->tensor(sg_->labels));
+  // MTP: each depth's losses are divided by its own count of a batch; the weight enters only the
+  // total, which validation does not report.
+  MtpInputs(sg_->mtp_token_count, sg_->mtp_loss_weight, cfg.model)
+      .prepare(*exec_, tokens_per_batch_, v.seq_len);
 }
 
 ValidationMetrics Validator::run(int64_t step) {
@@ -95,7 +100,9 @@ ValidationMetrics Validator::run(int64_t step) {
   ValidationMetrics m;
   m.step = step;
   m.batches = batches_;
-  m.loss = host_scalar_.item_as_double(0) / double(batches_);
+  const LossParts parts = split_loss_sums(host_scalar_, double(batches_));
+  m.loss = parts.main;
+  m.mtp_losses = parts.mtp;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Tokens per second per device, as torchtitan counts them: this rank's tokens over the ranks
   // that share them (tp and cp hold the same tokens).
