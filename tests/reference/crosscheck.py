@@ -21,9 +21,10 @@ load min/max; the loss of every step within 1e-4. Exit status 0 only if all pass
 
 With multi-token prediction (the folder's num_nextn_predict_layers = [model] mtp_layers = D > 0)
 the reference's loss is the main cross entropy plus [model] mtp_loss_weight times the mean of the
-D depth losses (deepseek_v3_ref.DeepSeekV3Ref.losses), compared with meshtrain's `loss`; each
-depth's loss is compared with metrics `mtp_loss_k` under the same tolerances, and the gradients
-of the MTP modules are among the parameter gradients checked.
+D depth losses (deepseek_v3_ref.DeepSeekV3Ref.losses): metrics `loss` (the next-token loss),
+`total_loss` (what is minimised, at the logged `mtp_loss_weight`, which must follow config.toml's
+schedule) and each depth's `mtp_loss_k` are compared under the same tolerances, and the
+gradients of the MTP modules are among the parameter gradients checked.
 """
 
 import argparse
@@ -190,16 +191,18 @@ def compare(args):
         loss.backward()
         sq = sum(float(p.grad.to(torch.float64).pow(2).sum()) for p in params if p.grad is not None)
         norm = math.sqrt(sq)
-        rec = {"step": step, "loss_mt": m["loss"], "loss_ref": loss.item(), "loss_rel": rel(m["loss"], loss.item()),
+        # metrics "loss" is the next-token loss; with MTP the minimised one is total_loss.
+        rec = {"step": step, "loss_mt": m["loss"], "loss_ref": main_loss.item(),
+               "loss_rel": rel(m["loss"], main_loss.item()),
                "grad_norm_mt": m["grad_norm"], "grad_norm_ref": norm, "grad_norm_rel": rel(m["grad_norm"], norm)}
         if step == 1:
             check_step1(model, rec, dump, fail)
         check_loads(model, m, rec, fail)
         tol = TOL_LOSS if step == 1 else TOL_TRACK
         if depths:
-            check_mtp_losses(step, m, main_loss, depth, tol, rec, fail)
+            check_mtp_losses(step, m, loss, depth, tol, rec, fail)
         if rec["loss_rel"] > tol:
-            fail.append(f"step {step}: loss meshtrain {m['loss']:.9g} vs reference {loss.item():.9g}, "
+            fail.append(f"step {step}: loss meshtrain {m['loss']:.9g} vs reference {main_loss.item():.9g}, "
                         f"relative {rec['loss_rel']:.3g} > {tol:g}")
         result["steps"].append(rec)
         if max_norm > 0:
@@ -231,14 +234,29 @@ def check_mtp_config(cfg, depths):
 
 
 def mtp_weight_of(cfg, m):
-    """The weight of the mean MTP loss in step m's total: [model] mtp_loss_weight."""
-    return float(cfg["model"]["mtp_loss_weight"])
+    """The weight of the mean MTP loss in step m's total: the one meshtrain logged for the step
+    (metrics mtp_loss_weight), which must be [model] mtp_loss_weight's schedule at that step."""
+    c = cfg["model"]
+    after = int(c.get("mtp_loss_weight_after_step", 0))
+    want = float(c["mtp_loss_weight_after"] if after > 0 and int(m["step"]) > after else c["mtp_loss_weight"])
+    got = float(m.get("mtp_loss_weight", want))
+    if got != want:
+        raise ValueError(f"step {m['step']}: metrics mtp_loss_weight {got} is not config.toml's schedule ({want})")
+    return want
 
 
-def check_mtp_losses(step, m, main_loss, depth, tol, rec, fail):
-    """meshtrain's per-depth losses (metrics mtp_loss_k) against the reference's."""
-    rec["main_loss_ref"] = main_loss.item()
+def check_mtp_losses(step, m, total, depth, tol, rec, fail):
+    """meshtrain's minimised loss (metrics total_loss) and per-depth losses (mtp_loss_k) against
+    the reference's."""
     rec["mtp"] = []
+    if "total_loss" not in m:
+        fail.append(f"step {step}: metrics.jsonl has no total_loss")
+    else:
+        rec["total_loss_mt"], rec["total_loss_ref"] = float(m["total_loss"]), total.item()
+        rec["total_loss_rel"] = rel(rec["total_loss_mt"], total.item())
+        if rec["total_loss_rel"] > tol:
+            fail.append(f"step {step}: total_loss meshtrain {rec['total_loss_mt']:.9g} vs reference "
+                        f"{total.item():.9g}, relative {rec['total_loss_rel']:.3g} > {tol:g}")
     for k, lk in enumerate(depth, start=1):
         key = f"mtp_loss_{k}"
         if key not in m:
