@@ -187,14 +187,13 @@ std::string DeepSeekV3::describe() const {
                                      a_.original_seq_len)
                        : std::string("no YaRN");
   // Multi-token prediction, when built or when the release ships it.
-  const std::string mtp =
-      a_.mtp_layers > 0
-          ? fmt::format(", MTP {} module{} (blocks {}..{})", a_.mtp_layers,
-                        a_.mtp_layers == 1 ? "" : "s", a_.n_layers, a_.num_blocks() - 1)
-      : a_.release_mtp_layers > 0
-          ? fmt::format(", no MTP (the release ships {}: [model] mtp_layers)",
-                        a_.release_mtp_layers)
-          : std::string();
+  const std::string mtp = a_.mtp_layers > 0
+                              ? fmt::format(", MTP {} module{} ({})", a_.mtp_layers,
+                                            a_.mtp_layers == 1 ? "" : "s", mtp_blocks_text(a_))
+                          : a_.release_mtp_layers > 0
+                              ? fmt::format(", no MTP (the release ships {}: [model] mtp_layers)",
+                                            a_.release_mtp_layers)
+                              : std::string();
   return fmt::format(
       "deepseek_v3 {}: dim {}, {} layers ({} dense, ffn {}), {} heads, MLA (q_lora {}, kv_lora {}, "
       "qk {}+{}, v {}), MoE {} experts top-{} {}{}{}{} + {} shared, hidden {}, load_balance_coeff "
@@ -359,6 +358,11 @@ std::unique_ptr<Model> create_deepseek_v3(const DeepSeekV3Args& args, const std:
   MT_CHECK_T(ConfigError, args.vocab_size > 0,
              "deepseek_v3 {}: vocab_size must be positive, found {}", flavor, args.vocab_size);
   return std::make_unique<DeepSeekV3>(args, flavor);
+}
+
+std::string mtp_blocks_text(const DeepSeekV3Args& a) {
+  return a.mtp_layers == 1 ? fmt::format("block {}", a.n_layers)
+                           : fmt::format("blocks {}..{}", a.n_layers, a.num_blocks() - 1);
 }
 
 const DeepSeekV3Args* deepseek_v3_args_of(const Model& model) {

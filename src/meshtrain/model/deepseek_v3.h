@@ -96,6 +96,8 @@ DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor);
 std::vector<std::string> deepseek_v3_flavors();
 
 std::unique_ptr<Model> create_deepseek_v3(const ModelOptions& options);
+// "block 27" / "blocks 27..28": where the MTP modules sit, for logs and `plan`.
+std::string mtp_blocks_text(const DeepSeekV3Args& a);
 // A model from explicit args (tests build tiny models this way).
 std::unique_ptr<Model> create_deepseek_v3(const DeepSeekV3Args& args, const std::string& flavor);
 // The args a deepseek_v3 model was built with; nullptr when `model` is another family.

@@ -81,8 +81,23 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
   r += fmt::format("parameters:  {} total ({}), {} active ({:.2f}B without the input embedding)\n",
                    human_count(double(c.total_params)), c.total_params,
                    human_count(c.active_params), c.active_non_embedding / 1e9);
-  r += fmt::format("flops/token: {:.4g} (training, 6 × active non-embedding params + attention)\n",
-                   c.flops_per_token);
+  r += fmt::format(
+      "flops/token: {:.4g} (training, 6 × active non-embedding params + attention{})\n",
+      c.flops_per_token, sg->model->mtp_layers() > 0 ? ", the head once per prediction depth" : "");
+  if (const int d = sg->model->mtp_layers(); d > 0) {
+    const ModelSection& m = cfg.model;
+    r += fmt::format(
+        "mtp:         {} module{} ({}), {} parameters; the head runs {}x per token; loss = main "
+        "+ {:g} x the depths' mean{}\n",
+        d, d == 1 ? "" : "s",
+        d == 1 ? fmt::format("block {}", sg->model->n_layers())
+               : fmt::format("blocks {}..{}", sg->model->n_layers(), sg->model->num_blocks() - 1),
+        human_count(double(c.mtp_params)), d + 1, m.mtp_loss_weight,
+        m.mtp_loss_weight_after_step > 0
+            ? fmt::format(" ({:g} after step {})", m.mtp_loss_weight_after,
+                          m.mtp_loss_weight_after_step)
+            : std::string());
+  }
   r += fmt::format("layout:      {} | rank {} of {}{}\n", layout.dims().to_string(), rank, world,
                    chosen ? " (the smallest world these degrees fit; --world N for another)" : "");
   r += fmt::format("batch:       local {} × seq {} on {} ({} compute, {} master)\n",

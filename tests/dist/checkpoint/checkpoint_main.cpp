@@ -90,6 +90,16 @@ int compare(const char* what, const Record& got, const Record& want, size_t offs
         what, first + int(i), got.loss[i], want.loss[i + offset], dl, got.grad_norm[i],
         want.grad_norm[i + offset], dn);
     if (!(dl <= tol) || !(dn <= tol)) ++bad;
+    // Multi-token prediction: each depth's loss too.
+    const std::vector<double>& gm = got.mtp_loss[i];
+    const std::vector<double>& wm = want.mtp_loss[i + offset];
+    if (gm.size() != wm.size()) ++bad;
+    for (size_t k = 0; k < gm.size() && k < wm.size(); ++k) {
+      const double dm = rel(gm[k], wm[k]);
+      std::printf("%s step %2d  mtp_loss_%zu %.10f (want %.10f, rel %.2e)\n", what, first + int(i),
+                  k + 1, gm[k], wm[k], dm);
+      if (!(dm <= tol)) ++bad;
+    }
   }
   return bad;
 }

@@ -1,9 +1,10 @@
 // Parallel parity: an N-rank run (the parallel layout given as --section.key overrides) against
 // the 1-rank run of the same global batch, same seed. Rank 0 runs the reference on a
 // communicator of its own, then every rank runs the parallel job; per-step losses, gradient
-// norms and the final parameters (each rank's shard against the same slice of the reference,
-// padding rows must stay zero) must agree within --tol (relative). --compare-reshard instead
-// runs the layout with fsdp_reshard_after_forward never and always and requires equal losses;
+// norms, each multi-token-prediction depth's loss and the final parameters (each rank's shard
+// against the same slice of the reference, padding rows must stay zero) must agree within --tol
+// (relative). --compare-reshard instead runs the layout with fsdp_reshard_after_forward never and
+// always and requires equal losses;
 // --compare-passes runs it with [compile] graph_passes none, transformer_block_bucketing and
 // size_bucketing (a 1 MiB cap) and requires bitwise equal losses and gradient norms.
 // On CUDA (--job.device cuda) the trainers run over the nccl world and the comparisons over MPI;
@@ -159,6 +160,21 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
           s + 1, got.loss[size_t(s)], ref.loss[size_t(s)], dl, got.grad_norm[size_t(s)],
           ref.grad_norm[size_t(s)], dn);
       if (!(dl <= tol) || !(dn <= tol)) ++f.failures;
+      // Multi-token prediction: every depth's loss tracks the reference's too.
+      const std::vector<double>& gm = got.mtp_loss[size_t(s)];
+      const std::vector<double>& rm = ref.mtp_loss[size_t(s)];
+      if (gm.size() != rm.size() || int64_t(gm.size()) != par.model.mtp_layers) {
+        ++f.failures;
+        std::printf("step %2d: %zu MTP losses (reference %zu), expected %lld\n", s + 1, gm.size(),
+                    rm.size(), (long long)par.model.mtp_layers);
+        continue;
+      }
+      for (size_t k = 0; k < gm.size(); ++k) {
+        const double dm = rel(gm[k], rm[k]);
+        f.loss = std::max(f.loss, dm);
+        std::printf("         mtp_loss_%zu %.10f (ref %.10f, rel %.2e)\n", k + 1, gm[k], rm[k], dm);
+        if (!(dm <= tol)) ++f.failures;
+      }
     }
     f.mean_loss = sum_loss / std::max(1, o.steps);
     if (!(f.mean_loss <= mean_tol)) ++f.failures;
@@ -233,7 +249,8 @@ int compare_bitwise(const Options& o, Communicator& world, const LaunchInfo& lau
   const bool root = world.rank() == 0;
   for (int s = 0; s < o.steps; ++s)
     if (a.loss[size_t(s)] != b.loss[size_t(s)] ||
-        a.grad_norm[size_t(s)] != b.grad_norm[size_t(s)]) {
+        a.grad_norm[size_t(s)] != b.grad_norm[size_t(s)] ||
+        a.mtp_loss[size_t(s)] != b.mtp_loss[size_t(s)]) {
       ++failures;
       if (root)
         std::printf("step %d: %s loss %.17g norm %.17g, %s loss %.17g norm %.17g\n", s + 1, a_name,

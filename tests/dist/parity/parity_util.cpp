@@ -34,6 +34,7 @@ RunResult run_steps(Trainer& t, int steps) {
     StepRecord rec = t.step(true);
     r.loss.push_back(rec.loss);
     r.grad_norm.push_back(rec.grad_norm);
+    r.mtp_loss.push_back(rec.mtp_losses);
     r.expert_exchanges += rec.expert_exchanges;
     r.expert_overflows += rec.expert_overflows;
     r.padded_replays += rec.padded_replayed;

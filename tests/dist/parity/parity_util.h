@@ -17,6 +17,7 @@ JobConfig harness_job(int steps, const std::vector<std::vector<std::string>>& ov
 
 struct RunResult {
   std::vector<double> loss, grad_norm;
+  std::vector<std::vector<double>> mtp_loss;  // per step, each MTP depth's loss (empty without)
   int64_t expert_exchanges = 0, expert_overflows = 0;  // this rank's, over the steps
   int64_t padded_replays = 0;  // steps redone synced ([parallelism] expert_exchange = "padded")
 };

@@ -1,7 +1,8 @@
 // Validation parity: the [validation] loss of an N-rank layout (given as --section.key
 // overrides) against the 1-rank run of the same global batches. Rank 0 runs the reference on a
 // communicator of its own; then every rank trains the layout, and after each step both run a
-// validation pass (continuing through the held-out set). Every pass must agree within --tol.
+// validation pass (continuing through the held-out set). Every pass must agree within --tol, its
+// main loss and each multi-token-prediction depth's.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -56,11 +57,14 @@ JobConfig job(const Options& o, const std::vector<std::string>& extra) {
   return parse_job_config("", all);
 }
 
-std::vector<double> run(Trainer& t, int steps) {
-  std::vector<double> losses;
+// Per pass: the main loss, then each multi-token-prediction depth's.
+std::vector<std::vector<double>> run(Trainer& t, int steps) {
+  std::vector<std::vector<double>> losses;
   for (int s = 0; s < steps; ++s) {
     StepRecord r = t.step(true);
-    losses.push_back(t.validator()->run(r.step).loss);
+    const ValidationMetrics v = t.validator()->run(r.step);
+    losses.push_back({v.loss});
+    losses.back().insert(losses.back().end(), v.mtp_losses.begin(), v.mtp_losses.end());
   }
   return losses;
 }
@@ -92,18 +96,23 @@ int main(int argc, char** argv) {
             std::to_string(par.training.local_batch_size * dp), "--validation.local_batch_size",
             std::to_string(par.validation.local_batch_size * dp)});
     std::unique_ptr<Communicator> self = world.split(rank, 0, "self");
-    std::vector<double> ref;
+    std::vector<std::vector<double>> ref;
     if (rank == 0) {
       Trainer t(ref_cfg, *self, rt.launch());
       ref = run(t, o.steps);
     }
-    std::vector<double> got = run(dist, o.steps);
+    std::vector<std::vector<double>> got = run(dist, o.steps);
     if (rank == 0) {
       for (int s = 0; s < o.steps; ++s) {
-        const double r = std::abs(got[size_t(s)] - ref[size_t(s)]) / std::abs(ref[size_t(s)]);
-        std::printf("validation after step %d: layout %.10f, 1 rank %.10f (rel %.2e)\n", s + 1,
-                    got[size_t(s)], ref[size_t(s)], r);
-        if (!(r <= o.tol)) ++failures;
+        const std::vector<double>&g = got[size_t(s)], &w = ref[size_t(s)];
+        if (g.size() != w.size() || int64_t(g.size()) != 1 + par.model.mtp_layers) ++failures;
+        for (size_t k = 0; k < g.size() && k < w.size(); ++k) {
+          const double r = std::abs(g[k] - w[k]) / std::abs(w[k]);
+          std::printf("validation after step %d, %s: layout %.10f, 1 rank %.10f (rel %.2e)\n",
+                      s + 1, k == 0 ? "loss" : fmt::format("mtp_loss_{}", k).c_str(), g[k], w[k],
+                      r);
+          if (!(r <= o.tol)) ++failures;
+        }
       }
       // The passes read different held-out batches and the weights move: losses must differ.
       if (got.size() > 1 && got[0] == got[1]) ++failures;
