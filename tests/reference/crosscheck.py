@@ -18,6 +18,13 @@ clipping and torchtitan's expert-bias update. It checks: step-1 loss within 1e-5
 step-1 gradient norm and every parameter's gradient (||g_mt - g_ref|| / ||g_ref||) within 1e-4;
 the routing of step 1 (tokens per expert of every layer) exactly, and each step's per-layer
 load min/max; the loss of every step within 1e-4. Exit status 0 only if all pass.
+
+With multi-token prediction (the folder's num_nextn_predict_layers = [model] mtp_layers = D > 0)
+the reference's loss is the main cross entropy plus [model] mtp_loss_weight times the mean of the
+D depth losses (deepseek_v3_ref.DeepSeekV3Ref.losses): metrics `loss` (the next-token loss),
+`total_loss` (what is minimised, at the logged `mtp_loss_weight`, which must follow config.toml's
+schedule) and each depth's `mtp_loss_k` are compared under the same tolerances, and the
+gradients of the MTP modules are among the parameter gradients checked.
 """
 
 import argparse
@@ -168,24 +175,34 @@ def compare(args):
     if int(info["window_begin"]) != 0:
         raise ValueError(f"dump.json says step 1 starts at window {info['window_begin']}, expected 0")
 
+    depths = getattr(model, "mtp", 0)  # MTP modules of the exported folder (num_nextn_predict_layers)
+    check_mtp_config(cfg, depths)
     for step in range(1, steps + 1):
         inputs, labels = batch(step)
         model.margins = {}
-        logits = model(inputs)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(dtype), labels.reshape(-1))
+        m = metrics[step]
+        if depths:
+            loss, main_loss, depth = model.losses(inputs, labels, mtp_weight_of(cfg, m))
+        else:
+            logits = model(inputs)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(dtype), labels.reshape(-1))
+            main_loss, depth = loss, []
         opt.zero_grad(set_to_none=True)
         loss.backward()
         sq = sum(float(p.grad.to(torch.float64).pow(2).sum()) for p in params if p.grad is not None)
         norm = math.sqrt(sq)
-        m = metrics[step]
-        rec = {"step": step, "loss_mt": m["loss"], "loss_ref": loss.item(), "loss_rel": rel(m["loss"], loss.item()),
+        # metrics "loss" is the next-token loss; with MTP the minimised one is total_loss.
+        rec = {"step": step, "loss_mt": m["loss"], "loss_ref": main_loss.item(),
+               "loss_rel": rel(m["loss"], main_loss.item()),
                "grad_norm_mt": m["grad_norm"], "grad_norm_ref": norm, "grad_norm_rel": rel(m["grad_norm"], norm)}
         if step == 1:
             check_step1(model, rec, dump, fail)
         check_loads(model, m, rec, fail)
         tol = TOL_LOSS if step == 1 else TOL_TRACK
+        if depths:
+            check_mtp_losses(step, m, loss, depth, tol, rec, fail)
         if rec["loss_rel"] > tol:
-            fail.append(f"step {step}: loss meshtrain {m['loss']:.9g} vs reference {loss.item():.9g}, "
+            fail.append(f"step {step}: loss meshtrain {m['loss']:.9g} vs reference {main_loss.item():.9g}, "
                         f"relative {rec['loss_rel']:.3g} > {tol:g}")
         result["steps"].append(rec)
         if max_norm > 0:
@@ -201,8 +218,58 @@ def compare(args):
     s = result["steps"]
     result["worst_loss_rel"] = max(r["loss_rel"] for r in s)
     result["worst_grad_norm_rel"] = max(r["grad_norm_rel"] for r in s)
+    if depths:
+        result["worst_mtp_loss_rel"] = max((d["rel"] for r in s for d in r.get("mtp", [])), default=None)
     result["pass"] = not fail
     return result
+
+
+# --- multi-token prediction -------------------------------------------------------------------
+def check_mtp_config(cfg, depths):
+    """The exported folder's num_nextn_predict_layers is the run's [model] mtp_layers."""
+    want = int(cfg["model"].get("mtp_layers", 0))
+    if want != depths:
+        raise ValueError(f"config.toml has [model] mtp_layers = {want}, the exported config.json "
+                         f"num_nextn_predict_layers = {depths}")
+
+
+def mtp_weight_of(cfg, m):
+    """The weight of the mean MTP loss in step m's total: the one meshtrain logged for the step
+    (metrics mtp_loss_weight), which must be [model] mtp_loss_weight's schedule at that step."""
+    c = cfg["model"]
+    after = int(c.get("mtp_loss_weight_after_step", 0))
+    want = float(c["mtp_loss_weight_after"] if after > 0 and int(m["step"]) > after else c["mtp_loss_weight"])
+    got = float(m.get("mtp_loss_weight", want))
+    if got != want:
+        raise ValueError(f"step {m['step']}: metrics mtp_loss_weight {got} is not config.toml's schedule ({want})")
+    return want
+
+
+def check_mtp_losses(step, m, total, depth, tol, rec, fail):
+    """meshtrain's minimised loss (metrics total_loss) and per-depth losses (mtp_loss_k) against
+    the reference's."""
+    rec["mtp"] = []
+    if "total_loss" not in m:
+        fail.append(f"step {step}: metrics.jsonl has no total_loss")
+    else:
+        rec["total_loss_mt"], rec["total_loss_ref"] = float(m["total_loss"]), total.item()
+        rec["total_loss_rel"] = rel(rec["total_loss_mt"], total.item())
+        if rec["total_loss_rel"] > tol:
+            fail.append(f"step {step}: total_loss meshtrain {rec['total_loss_mt']:.9g} vs reference "
+                        f"{total.item():.9g}, relative {rec['total_loss_rel']:.3g} > {tol:g}")
+    for k, lk in enumerate(depth, start=1):
+        key = f"mtp_loss_{k}"
+        if key not in m:
+            fail.append(f"step {step}: metrics.jsonl has no {key}")
+            continue
+        r = {"k": k, "mt": float(m[key]), "ref": lk.item(), "rel": rel(float(m[key]), lk.item())}
+        rec["mtp"].append(r)
+        if r["rel"] > tol:
+            fail.append(f"step {step}: {key} meshtrain {r['mt']:.9g} vs reference {r['ref']:.9g}, "
+                        f"relative {r['rel']:.3g} > {tol:g}")
+    extra = sorted(k for k in m if k.startswith("mtp_loss_") and k[9:].isdigit() and int(k[9:]) > len(depth))
+    if extra:
+        fail.append(f"step {step}: metrics.jsonl has {extra} beyond the folder's {len(depth)} MTP layers")
 
 
 def check_step1(model, rec, dump, fail):
@@ -293,7 +360,9 @@ def main():
         print(f"PASS {a.case}: step-1 loss rel {s1['loss_rel']:.2g} (tol {TOL_LOSS:g}), grad norm rel "
               f"{s1['grad_norm_rel']:.2g}, worst parameter gradient {s1.get('grad_worst_name')} rel "
               f"{s1.get('grad_worst_rel', 0):.2g} (tol {TOL_GRAD:g}); {len(result['steps'])} steps, worst loss "
-              f"rel {result['worst_loss_rel']:.2g} (tol {TOL_TRACK:g})")
+              f"rel {result['worst_loss_rel']:.2g} (tol {TOL_TRACK:g})"
+              + (f", worst MTP depth loss rel {result['worst_mtp_loss_rel']:.2g}"
+                 if result.get("worst_mtp_loss_rel") is not None else ""))
     else:
         print(f"FAIL {a.case}:")
         for line in result["failures"][:20]:

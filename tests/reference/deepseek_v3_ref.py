@@ -6,7 +6,18 @@ only steers the choice, moved after each step by coeff * sign(mean load - load),
 Covers q_proj or q_a_proj/q_a_layernorm/q_b_proj, kv_a_proj_with_mqa/kv_a_layernorm/kv_b_proj,
 rope on interleaved pairs of the q_pe/k_pe tails (the release's layout), YaRN with the mscale
 softmax correction, first_k_dense_replace dense layers, softmax or sigmoid scores, group-limited
-choice, norm_topk_prob, routed_scaling_factor, shared experts."""
+choice, norm_topk_prob, routed_scaling_factor, shared experts.
+
+Multi-token prediction (num_nextn_predict_layers = D > 0), from the DeepSeek-V3 report (section
+2.2) and the released checkpoints' layout (module k is model.layers.{L + k - 1}, L =
+num_hidden_layers): module k combines RMSNorm(enorm) of the embedding of the tokens k positions
+ahead with RMSNorm(hnorm) of the previous depth's hidden state (the main stack's output before
+its final norm for k = 1, module k - 1's block output after), projects the concatenation with
+eh_proj (2·hidden -> hidden; the release puts the embedding half first, the report writes the
+hidden half first: the release's order is what its weights mean), runs one ordinary decoder
+layer, and predicts through its own RMSNorm (shared_head.norm) and the shared output head. The
+embedding and the head are the main model's; the release stores copies of them in each module
+(embed_tokens, shared_head.head), which this reference requires to equal the main ones."""
 
 import math
 
@@ -14,6 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from ref_common import RefModel, causal_attention, rms_norm, swiglu_mlp
+
+IGNORE = -100  # label of a position whose target is not in the row
+
+
+def token_ce(logits, labels):
+    """Mean cross entropy over the positions whose label is not IGNORE."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
 
 
 def yarn_get_mscale(scale, mscale):
@@ -115,7 +133,16 @@ class DeepSeekV3Ref(RefModel):
         if not self.tied:
             expected["lm_head.weight"] = [v, d]
         self.bias = {}
-        for l in range(self.layers):
+        self.mtp = int(c.get("num_nextn_predict_layers") or 0)
+        self.shared_copies = {}  # MTP copy name -> the main tensor it must equal
+        for l in range(self.layers + self.mtp):
+            if l >= self.layers:  # MTP module k = l - L + 1: its own tensors, then a block
+                t = f"model.layers.{l}."
+                expected.update({t + "enorm.weight": [d], t + "hnorm.weight": [d],
+                                 t + "eh_proj.weight": [d, 2 * d], t + "shared_head.norm.weight": [d]})
+                self.shared_copies[t + "embed_tokens.weight"] = "model.embed_tokens.weight"
+                self.shared_copies[t + "shared_head.head.weight"] = \
+                    "model.embed_tokens.weight" if self.tied else "lm_head.weight"
             a = f"model.layers.{l}.self_attn."
             expected[f"model.layers.{l}.input_layernorm.weight"] = [d]
             expected[f"model.layers.{l}.post_attention_layernorm.weight"] = [d]
@@ -150,7 +177,18 @@ class DeepSeekV3Ref(RefModel):
             if b is not None and list(b.shape) != [self.experts]:
                 raise ValueError(f"tensor {bias_name}: expected shape [{self.experts}], found {list(b.shape)}")
             self.bias[l] = (b if b is not None else torch.zeros(self.experts)).to(device=device, dtype=dtype).clone()
-        known = set(expected) | {f"model.layers.{l}.mlp.gate.e_score_correction_bias" for l in self.bias}
+        for copy, main in self.shared_copies.items():
+            if main not in tensors:
+                continue  # load() below names the missing main tensor
+            if copy not in tensors:
+                raise ValueError(f"deepseek reference: the HF folder lacks {copy} (the release stores a "
+                                 f"copy of {main} in every MTP layer)")
+            if list(tensors[copy].shape) != list(tensors[main].shape) or not torch.equal(tensors[copy],
+                                                                                        tensors[main]):
+                raise ValueError(f"deepseek reference: {copy} differs from {main}; the MTP modules share "
+                                 "the main model's embedding and head")
+        known = set(expected) | set(self.shared_copies) | \
+            {f"model.layers.{l}.mlp.gate.e_score_correction_bias" for l in self.bias}
         extra = sorted(set(tensors) - known)
         if extra:
             raise ValueError(f"deepseek reference: the HF folder has tensors no layer uses: {extra[:4]}")
@@ -233,23 +271,79 @@ class DeepSeekV3Ref(RefModel):
                                self.p(m + "shared_experts.down_proj.weight"))
         return y.view(shape)
 
-    def forward(self, tokens):
-        b, s = tokens.shape
-        cos, sin = rope_tables(self.cfg, s, self.dtype, self.device)
+    # --- the decoder layers and the head -------------------------------------------------
+    def block(self, l, h, cos, sin):
+        """Decoder layer l (DeepseekV3DecoderLayer): pre-norm MLA, then a pre-norm dense MLP
+        (l < first_k_dense_replace) or MoE, each added to the residual stream."""
+        pre = f"model.layers.{l}."
+        h = h + self.mla(l, rms_norm(h, self.p(pre + "input_layernorm.weight"), self.eps), cos, sin)
+        x = rms_norm(h, self.p(pre + "post_attention_layernorm.weight"), self.eps)
+        if l < self.n_dense:
+            m = pre + "mlp."
+            return h + swiglu_mlp(x, self.p(m + "gate_proj.weight"), self.p(m + "up_proj.weight"),
+                                  self.p(m + "down_proj.weight"))
+        return h + self.moe(l, x)
+
+    def head(self):
+        return self.p("model.embed_tokens.weight") if self.tied else self.p("lm_head.weight")
+
+    def trunk(self, tokens):
+        """The main stack's output before the final norm, [B, S, hidden], and the rope tables."""
+        cos, sin = rope_tables(self.cfg, tokens.shape[1], self.dtype, self.device)
         h = F.embedding(tokens, self.p("model.embed_tokens.weight"))
         for l in range(self.layers):
-            pre = f"model.layers.{l}."
-            h = h + self.mla(l, rms_norm(h, self.p(pre + "input_layernorm.weight"), self.eps), cos, sin)
-            x = rms_norm(h, self.p(pre + "post_attention_layernorm.weight"), self.eps)
-            if l < self.n_dense:
-                m = pre + "mlp."
-                h = h + swiglu_mlp(x, self.p(m + "gate_proj.weight"), self.p(m + "up_proj.weight"),
-                                   self.p(m + "down_proj.weight"))
-            else:
-                h = h + self.moe(l, x)
-        h = rms_norm(h, self.p("model.norm.weight"), self.final_eps)
-        head = self.p("model.embed_tokens.weight") if self.tied else self.p("lm_head.weight")
-        return F.linear(h, head)
+            h = self.block(l, h, cos, sin)
+        return h, cos, sin
+
+    def logits(self, h):
+        return F.linear(rms_norm(h, self.p("model.norm.weight"), self.final_eps), self.head())
+
+    def forward(self, tokens):
+        return self.logits(self.trunk(tokens)[0])
+
+    # --- multi-token prediction (DeepSeek-V3 report, section 2.2) ------------------------------
+    def mtp_logits(self, tokens, h, cos, sin):
+        """Logits [B, S, vocab] of every depth k = 1..D from the main stack's pre-norm output h.
+        Depth k at position i sees the embedding of token i + k and predicts token i + k + 1
+        (label i + k). The tokens are rolled left by k within the row, so the last k positions see
+        the row's first tokens: their targets fall off the row and are ignored, and attention is
+        causal, so they change no counted prediction, but their tokens are routed like any other
+        and count in the MoE loads of the module's layer."""
+        emb = self.p("model.embed_tokens.weight")
+        out = []
+        for k in range(1, self.mtp + 1):
+            l = self.layers + k - 1
+            t = f"model.layers.{l}."
+            e = rms_norm(F.embedding(torch.roll(tokens, -k, dims=1), emb), self.p(t + "enorm.weight"), self.eps)
+            prev = rms_norm(h, self.p(t + "hnorm.weight"), self.eps)
+            x = F.linear(torch.cat([e, prev], dim=-1), self.p(t + "eh_proj.weight"))
+            h = self.block(l, x, cos, sin)  # the next depth's previous hidden state
+            # shared_head: the module's own RMSNorm (rms_norm_eps, as the release's config
+            # states), then the main model's output head.
+            out.append(F.linear(rms_norm(h, self.p(t + "shared_head.norm.weight"), self.eps), self.head()))
+        return out
+
+    def losses(self, tokens, labels, mtp_weight):
+        """(loss, main, [l_1 .. l_D]) of one batch, tokens and labels [B, S] (labels = tokens
+        shifted by one within the window). main: the mean cross entropy over every position.
+        l_k: the mean over the positions whose depth-k target, label i + k, lies inside the row
+        (S - k per row; torch's ignore_index rule: ignored positions add nothing to the sum or the
+        count). loss = main + mtp_weight * (l_1 + ... + l_D) / D, the report's
+        L = L_main + (lambda / D) * sum_k L_MTP^k. (The report writes L_MTP^k with a 1/T in front
+        of its T - k terms; a mean over the targets that exist is what ignoring the rest means.)"""
+        h, cos, sin = self.trunk(tokens)
+        main = token_ce(self.logits(h), labels)
+        if not self.mtp:
+            return main, main, []
+        s = tokens.shape[1]
+        if s <= self.mtp:
+            raise ValueError(f"seq_len {s} leaves no depth-{self.mtp} target in a row")
+        depth = []
+        for k, logits in enumerate(self.mtp_logits(tokens, h, cos, sin), start=1):
+            target = torch.full_like(labels, IGNORE)
+            target[:, : s - k] = labels[:, k:]
+            depth.append(token_ce(logits, target))
+        return main + mtp_weight * torch.stack(depth).mean(), main, depth
 
     def moe_layers(self):
         return sorted(self.bias)

@@ -16,6 +16,9 @@
 #                        4 groups of which 2, route_norm, route scale 2.5, YaRN, 2 dense layers)
 #   deepseek_v2_groups   configs/deepseek_v2_groups.json: softmax scores in groups, route scale 16,
 #                        q_lora, no YaRN
+#   deepseek_v3_mtp_d1   deepseek_v3_small with one multi-token-prediction module (a MoE block,
+#                        as the release's) and mtp_loss_weight 0.3
+#   deepseek_v3_mtp_d2   the same with two modules (the second fed by the first) and weight 0.5
 #   deepseek_v3_debug_fsdp4_ep2  the debug model on 4 ranks (FSDP 4 + EP 2; needs mpirun)
 #
 # Environment: PYTHON (default python3, needs torch), REF_DEVICE (auto|cuda|cpu), REF_DTYPE
@@ -25,7 +28,7 @@
 set -u -o pipefail
 
 if [ $# -lt 2 ]; then
-  sed -n '2,25p' "$0"
+  sed -n '2,28p' "$0"
   exit 2
 fi
 BIN=$(realpath "$1")
@@ -35,7 +38,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 PY=${PYTHON:-python3}
 CASES=("$@")
-[ ${#CASES[@]} -eq 0 ] && CASES=(llama3_debug deepseek_v3_debug deepseek_v3_small deepseek_v2_groups deepseek_v3_16b_2l)
+[ ${#CASES[@]} -eq 0 ] && CASES=(llama3_debug deepseek_v3_debug deepseek_v3_small deepseek_v2_groups
+                                  deepseek_v3_mtp_d1 deepseek_v3_mtp_d2 deepseek_v3_16b_2l)
 mkdir -p "$OUT"
 
 COMMON=(--training.steps 10 --metrics.log_freq 1 --training.seq_len 64 --training.local_batch_size 4
@@ -49,6 +53,8 @@ case_args() {  # config and overrides of one case
     deepseek_v3_16b_2l) echo "--config $ROOT/configs/deepseek_v3_16b.toml --model.n_layers 2" ;;
     deepseek_v3_small) echo "--config $ROOT/configs/deepseek_v3_debug.toml --model.hf_config $HERE/configs/deepseek_v3_small.json" ;;
     deepseek_v2_groups) echo "--config $ROOT/configs/deepseek_v3_debug.toml --model.hf_config $HERE/configs/deepseek_v2_groups.json" ;;
+    deepseek_v3_mtp_d1) echo "--config $ROOT/configs/deepseek_v3_debug.toml --model.hf_config $HERE/configs/deepseek_v3_small.json --model.mtp_layers 1 --model.mtp_loss_weight 0.3" ;;
+    deepseek_v3_mtp_d2) echo "--config $ROOT/configs/deepseek_v3_debug.toml --model.hf_config $HERE/configs/deepseek_v3_small.json --model.mtp_layers 2 --model.mtp_loss_weight 0.5" ;;
     deepseek_v3_debug_fsdp4_ep2) echo "--config $ROOT/configs/deepseek_v3_debug.toml --model.vocab_size 512 --nproc 4 --training.local_batch_size 1 --parallelism.data_parallel_shard_degree 4 --parallelism.expert_parallel_degree 2" ;;
     *) return 1 ;;
   esac
@@ -109,6 +115,8 @@ for f in files:
         "step1_grad_norm_rel": s1.get("grad_norm_rel"), "worst_grad": s1.get("grad_worst_name"),
         "worst_grad_rel": s1.get("grad_worst_rel"), "worst_loss_rel": r.get("worst_loss_rel"),
         "losses": [(x["step"], x["loss_mt"], x["loss_ref"]) for x in r.get("steps", [])],
+        "step1_mtp_loss_rel": [d["rel"] for d in s1.get("mtp", [])] or None,
+        "worst_mtp_loss_rel": r.get("worst_mtp_loss_rel"),
         "routing": {k: v.get("min_choice_margin") for k, v in s1.get("routing", {}).items()},
     }.items() if v is not None}
 json.dump(summary, open(out, "w"), indent=1)

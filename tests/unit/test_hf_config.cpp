@@ -85,7 +85,9 @@ TEST(HfConfig, DeepSeekV3ReleaseIsThe671BFlavorUpToEpsAndTheYarnRule) {
   EXPECT_CONTAINS(notes, "final norm eps: config.json 1e-06, meshtrain 1.1920928955078125e-07");
   EXPECT_CONTAINS(notes, "rope_scaling: config.json yarn factor 40");
   EXPECT_CONTAINS(notes, "only when seq_len 4096 > original_seq_len 4096");
-  EXPECT_CONTAINS(notes, "num_nextn_predict_layers 1");
+  EXPECT_CONTAINS(notes,
+                  "1 MTP layer (num_nextn_predict_layers = 1) was not loaded: [model] mtp_layers = "
+                  "0 (set [model] mtp_layers = 1 to load and train them)");
   // Beyond 4096 the flavor applies YaRN too, with the release's parameters.
   EXPECT_TRUE(check(kDeepSeekV3, *m, 8192).errors.empty());
   HfModelConfig h = parse_hf_config(json::parse(kDeepSeekV3), "config.json");

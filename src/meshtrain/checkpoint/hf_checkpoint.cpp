@@ -138,7 +138,7 @@ void save_hf_from_store(const std::string& folder, const HfRunContext& run,
     std::vector<ParamInfo> params;  // trainable parameters only (expert biases have none)
     for (const ParamInfo& p : run.plan.params())
       if (p.trainable) params.push_back(p);
-    HfLayout layout(run.model, params);
+    HfLayout layout(run.model, params, /*shared_copies=*/false);  // each gradient once
     HfShardPlan plan = plan_hf_shards(layout, o.dtype, std::numeric_limits<int64_t>::max());
     plan.files[0] = tmp.filename().string();
     write_rows(folder, run, layout, plan, params, true);

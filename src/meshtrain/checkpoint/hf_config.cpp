@@ -172,7 +172,8 @@ void parse_deepseek(const Reader& r, HfModelConfig& h) {
   r.require(r.b("rope_interleave", true), "rope_interleave",
             "meshtrain's rope rotates interleaved pairs, the layout of DeepSeek's release");
   r.require(!r.b("attention_bias", false), "attention_bias", "meshtrain's MLA has no biases");
-  h.extra_layers = r.i("num_nextn_predict_layers", 0);
+  h.mtp_layers = r.i("num_nextn_predict_layers", 0);
+  r.require(h.mtp_layers >= 0, "num_nextn_predict_layers", "must be 0 or more");
 }
 
 }  // namespace
@@ -248,6 +249,9 @@ std::unique_ptr<Model> create_model_from_hf(const HfModelConfig& hf, const Model
   if (o.moe_top_k > 0) a.moe.top_k = o.moe_top_k;
   a.moe.router_zero_init = o.router_zero_init;
   a.attention_kernel = o.attention_kernel;
+  // [model] mtp_layers decides the MTP modules, not num_nextn_predict_layers: a run may train
+  // without the release's MTP layers (loading them is checked against mtp_layers).
+  a.mtp_layers = o.mtp_layers;
   return create_deepseek_v3(a, flavor);
 }
 

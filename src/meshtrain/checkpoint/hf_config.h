@@ -21,7 +21,9 @@ struct HfModelConfig {
   Llama3Args llama;          // model_name == "llama3"
   DeepSeekV3Args deepseek;   // model_name == "deepseek_v3"
   bool tie_word_embeddings = false;
-  int64_t extra_layers = 0;  // num_nextn_predict_layers: MTP layers after the last one (not loaded)
+  // num_nextn_predict_layers: multi-token-prediction layers after the last one (loaded when
+  // [model] mtp_layers equals it, skipped with a note when mtp_layers = 0).
+  int64_t mtp_layers = 0;
   // quantization_config of an fp8 release: the weight_block_size of weight_scale_inv (0 = none).
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
   int64_t num_layers() const;

@@ -147,7 +147,8 @@ json deepseek_json(const DeepSeekV3Args& a, int64_t seq_len, DType compute, bool
   j["rope_theta"] = a.rope_theta;
   j["rope_interleave"] = true;
   j["attention_bias"] = false;
-  j["num_nextn_predict_layers"] = 0;
+  // The MTP modules are written as the release's model.layers.{n_layers + k - 1}.
+  j["num_nextn_predict_layers"] = a.mtp_layers;
   // HF applies a yarn rope_scaling at every length: it is written only if meshtrain applied it.
   if (ops::yarn_applies(a.rope_config(), seq_len)) {
     j["rope_scaling"] = {{"type", "yarn"},
@@ -167,6 +168,32 @@ json deepseek_json(const DeepSeekV3Args& a, int64_t seq_len, DType compute, bool
   const double fe = a.final_eps(compute);
   if (fe != a.norm_eps) j["meshtrain"] = {{"final_norm_eps", fe}};
   return j;
+}
+
+// The folder's MTP layers against [model] mtp_layers: equal (loaded), or none in the model
+// (skipped, one note), else an error naming both counts and the key.
+void check_mtp_layers(const HfModelConfig& hf, const Model& model, HfConfigCheck& c) {
+  const DeepSeekV3Args* d = deepseek_v3_args_of(model);
+  const int64_t ours = d ? d->mtp_layers : 0;
+  if (ours == hf.mtp_layers) return;
+  if (ours == 0) {
+    c.notes.push_back(fmt::format(
+        "{} MTP layer{} (num_nextn_predict_layers = {}) {} not loaded: [model] mtp_layers = 0 "
+        "(set [model] mtp_layers = {} to load and train them)",
+        hf.mtp_layers, hf.mtp_layers == 1 ? "" : "s", hf.mtp_layers,
+        hf.mtp_layers == 1 ? "was" : "were", hf.mtp_layers));
+    return;
+  }
+  const std::string fix =
+      hf.mtp_layers > 0
+          ? fmt::format(
+                "set [model] mtp_layers = {} to load the folder's MTP layers, or 0 to "
+                "skip them",
+                hf.mtp_layers)
+          : std::string("the folder has no MTP layers to load: set [model] mtp_layers = 0");
+  c.errors.push_back(
+      fmt::format("num_nextn_predict_layers: config.json {}, meshtrain [model] mtp_layers {} ({})",
+                  hf.mtp_layers, ours, fix));
 }
 
 std::vector<Field> fields_of(const Model& model, int64_t seq_len, DType compute) {
@@ -224,11 +251,7 @@ HfConfigCheck check_hf_config(const HfModelConfig& hf, const Model& model, int64
     c.notes.push_back(
         "tie_word_embeddings: meshtrain trains lm_head untied (output.weight starts "
         "as a copy of embed_tokens)");
-  if (hf.extra_layers > 0)
-    c.notes.push_back(
-        fmt::format("num_nextn_predict_layers {}: the multi-token-prediction layers "
-                    "are not loaded (meshtrain does not train them)",
-                    hf.extra_layers));
+  check_mtp_layers(hf, model, c);
   return c;
 }
 

@@ -154,6 +154,7 @@ void convert_hf_to_checkpoint(const std::string& hf_dir, const Model& model,
       const int64_t cols = g.last(), total_rows = g.rows();
       const int64_t step = std::max<int64_t>(1, o.chunk_bytes / std::max<int64_t>(1, cols * 8));
       const size_t es = dtype_size(row_dtype);
+      const std::vector<const HfTensor*> copies = layout.copies_of(p.name);
       for (int64_t r0 = 0; r0 < total_rows; r0 += step) {
         const int64_t n = std::min(step, total_rows - r0);
         rows.assign(size_t(n * cols) * es, 0);
@@ -162,9 +163,11 @@ void convert_hf_to_checkpoint(const std::string& hf_dir, const Model& model,
             const int64_t lead = g.rank() == 3 ? r / g[1] : 0;
             const int64_t row = g.rank() == 3 ? r % g[1] : g.rank() == 2 ? r : 0;
             const HfRow at = layout.locate(p.name, lead, row);
-            if (const HfFolder::Entry* e = hf.find(at.tensor->hf_name))
-              hf.read_row(at.tensor->hf_name, *e, at.row, 0, cols, row_dtype,
-                          rows.data() + size_t((r - r0) * cols) * es);
+            char* dst = rows.data() + size_t((r - r0) * cols) * es;
+            if (const HfFolder::Entry* e = hf.find(at.tensor->hf_name)) {
+              hf.read_row(at.tensor->hf_name, *e, at.row, 0, cols, row_dtype, dst);
+              check_shared_copies(hf, copies, at.tensor->hf_name, at.row, 0, cols, row_dtype, dst);
+            }
           }
         }  // else a token counter: zeros
         conv.resize(size_t(n * cols * fes));

@@ -154,9 +154,13 @@ void write_hf_piece(HfFileWriter& w, const HfLayout& layout, const ParamInfo& p,
   MT_CHECK(local.shape() == p.local_shape, "{}: host piece {} for local shape {}", p.name,
            local.shape(), p.local_shape);
   const size_t row_bytes = size_t(p.local_shape.last()) * dtype_size(local.dtype());
+  // The MTP layers' copies of the embedding and head get the same rows (their rows are the main
+  // tensor's: neither is permuted nor stacked).
+  const std::vector<const HfTensor*> copies = layout.copies_of(p.name);
   for_each_piece_row(layout, p, [&](int64_t r, const HfRow& at, int64_t c0, int64_t c1) {
-    w.write_row(*at.tensor, at.row, c0, c1 - c0, local.dtype(),
-                static_cast<const char*>(local.raw()) + size_t(r) * row_bytes);
+    const char* row = static_cast<const char*>(local.raw()) + size_t(r) * row_bytes;
+    w.write_row(*at.tensor, at.row, c0, c1 - c0, local.dtype(), row);
+    for (const HfTensor* c : copies) w.write_row(*c, at.row, c0, c1 - c0, local.dtype(), row);
   });
 }
 
@@ -188,7 +192,10 @@ void write_hf_from_source(HfFileWriter& w, const HfLayout& layout, TensorSource&
         begin = {0}, count = {cols};
       source.read_box(t.param, begin, count, read_as, buf.data());
       for (int64_t r = 0; r < n; ++r) {
-        const HfRow at = layout.locate(t.param, std::max<int64_t>(t.expert, 0), r0 + r);
+        // A shared copy is written where it is, not where its parameter maps.
+        const HfRow at = t.shared_copy
+                             ? HfRow{&t, r0 + r}
+                             : layout.locate(t.param, std::max<int64_t>(t.expert, 0), r0 + r);
         w.write_row(*at.tensor, at.row, 0, cols, read_as, buf.data() + size_t(r * cols) * es);
       }
       pr.bytes_done += n * cols * int64_t(es);

@@ -129,20 +129,49 @@ void HfFolder::check(const HfLayout& layout, DType to) const {
           path_, t.hf_name, file_dtype_name(s.dtype), dtype_name(to));
     }
   }
-  // Tensors the model has no place for. MTP layers (num_nextn_predict_layers) follow the last
-  // layer and are skipped, as HF's own loader skips them.
+  // Tensors the model has no place for. A model without MTP modules skips the folder's MTP
+  // layers (num_nextn_predict_layers after the last layer), as HF's own loader does; the config
+  // check says so. A model with them has a place for every tensor of those layers.
   static const std::regex layer_re(R"(^model\.layers\.(\d+)\.)");
   const int64_t layers = config_.num_layers();
+  const bool skip_mtp = layout.mtp_layers() == 0;
   for (const auto& [name, e] : entries_) {
     if (layout.find(name)) continue;
     if (ends_with(name, kScaleSuffix) && layout.find(name.substr(0, name.size() - 10))) continue;
     if (ends_with(name, "rotary_emb.inv_freq")) continue;  // old llama files store the rope table
     std::smatch m;
-    if (config_.extra_layers > 0 && std::regex_search(name, m, layer_re) &&
-        std::stoll(m[1]) >= layers && std::stoll(m[1]) < layers + config_.extra_layers)
+    if (skip_mtp && config_.mtp_layers > 0 && std::regex_search(name, m, layer_re) &&
+        std::stoll(m[1]) >= layers && std::stoll(m[1]) < layers + config_.mtp_layers)
       continue;
     MT_THROW(ValueError, "HF folder {}: tensor {} has no counterpart in meshtrain's {} model",
              path_, name, layout.model_name());
+  }
+}
+
+void check_shared_copies(const HfFolder& folder, const std::vector<const HfTensor*>& copies,
+                         const std::string& main_name, int64_t row, int64_t c0, int64_t c1,
+                         DType to, const void* values) {
+  if (copies.empty()) return;
+  const size_t es = dtype_size(to);
+  std::vector<std::byte> got(size_t(c1 - c0) * es);
+  for (const HfTensor* c : copies) {
+    const HfFolder::Entry* e = folder.find(c->hf_name);
+    if (!e) continue;  // absent copies are fine: nothing is read from them
+    folder.read_row(c->hf_name, *e, row, c0, c1, to, got.data());
+    if (std::memcmp(got.data(), values, got.size()) == 0) continue;
+    int64_t col = 0;
+    while (std::memcmp(got.data() + size_t(col) * es,
+                       static_cast<const char*>(values) + size_t(col) * es, es) == 0)
+      ++col;
+    auto at = [&](const void* p) {
+      return to == DType::kF64 ? static_cast<const double*>(p)[col]
+                               : double(static_cast<const float*>(p)[col]);
+    };
+    MT_THROW(ValueError,
+             "HF folder {}: {} differs from {} at row {} column {} ({} vs {}): meshtrain's MTP "
+             "modules share the main model's weight, so the folder's copy must equal it (fix or "
+             "drop the copy; it is not read)",
+             folder.path(), c->hf_name, main_name, row, c0 + col, at(got.data()), at(values));
   }
 }
 
@@ -190,6 +219,7 @@ void read_hf_piece(const HfFolder& folder, const HfLayout& layout, const ParamIn
            p.dtype);
   std::memset(dst.raw(), 0, dst.nbytes());
   const size_t row_bytes = size_t(p.local_shape.last()) * dtype_size(p.dtype);
+  const std::vector<const HfTensor*> copies = layout.copies_of(p.name);
   for_each_piece_row(layout, p, [&](int64_t r, const HfRow& at, int64_t c0, int64_t c1) {
     const HfFolder::Entry* e = folder.find(at.tensor->hf_name);
     if (!e) {
@@ -197,8 +227,9 @@ void read_hf_piece(const HfFolder& folder, const HfLayout& layout, const ParamIn
                  folder.path(), at.tensor->hf_name);
       return;  // zeros
     }
-    folder.read_row(at.tensor->hf_name, *e, at.row, c0, c1, p.dtype,
-                    static_cast<char*>(dst.raw()) + size_t(r) * row_bytes);
+    char* row = static_cast<char*>(dst.raw()) + size_t(r) * row_bytes;
+    folder.read_row(at.tensor->hf_name, *e, at.row, c0, c1, p.dtype, row);
+    check_shared_copies(folder, copies, at.tensor->hf_name, at.row, c0, c1, p.dtype, row);
   });
 }
 

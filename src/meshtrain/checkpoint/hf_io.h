@@ -39,8 +39,9 @@ class HfFolder {
   std::vector<std::string> names() const;
 
   // Checks the folder against a layout: every tensor present (but the ones that may be absent),
-  // no tensor the model lacks (MTP layers beyond num_hidden_layers excepted), shapes equal, dtypes
-  // convertible to `to`. The error names the tensor, both shapes or the dtype.
+  // no tensor the model lacks (the MTP layers beyond num_hidden_layers excepted when the model
+  // has none), shapes equal, dtypes convertible to `to`. The error names the tensor, both shapes
+  // or the dtype.
   void check(const HfLayout& layout, DType to) const;
 
   // Row `row`, columns [c0, c1) of an HF tensor, as `to` (float32/float64) into dst.
@@ -64,6 +65,15 @@ class HfFolder {
 // possibly absent reads as zeros when the folder lacks it.
 void read_hf_piece(const HfFolder& folder, const HfLayout& layout, const ParamInfo& p,
                    const Tensor& dst);
+
+// The MTP layers' copies of a shared weight are not read into the model (meshtrain's MTP modules
+// use the main embedding and head, as the release trained them): each copy present in the folder
+// is read row by row beside the main tensor and must equal it after conversion to `to`.
+// ValueError naming the copy, the row and column, and both values. `values` holds columns
+// [c0, c1) of `row` of the main tensor.
+void check_shared_copies(const HfFolder& folder, const std::vector<const HfTensor*>& copies,
+                         const std::string& main_name, int64_t row, int64_t c0, int64_t c1,
+                         DType to, const void* values);
 
 // Dequantises one row of fp8 e4m3 values: dst[c] = e4m3(src[c]) * scale_row[(c0 + c) / block_cols]
 // for c in [0, n), rounded once to `to` (the product is exact in double).

@@ -1,5 +1,6 @@
 // The name rules of torchtitan's llama3 and deepseek_v3 state-dict adapters (meshtrain keeps
-// torchtitan's parameter names), applied to the parameters a plan declared.
+// torchtitan's parameter names) and of DeepSeek-V3's released MTP layers, applied to the
+// parameters a plan declared.
 #include "meshtrain/checkpoint/hf_mapping.h"
 
 #include <optional>
@@ -50,6 +51,25 @@ const NameMap& deepseek_layer_names() {
   return m;
 }
 
+// An MTP module's own tensors (meshtrain suffix -> HF suffix); the rest of the module is an
+// ordinary decoder layer under the names above.
+const NameMap& mtp_names() {
+  static const NameMap m = {{"enorm.weight", "enorm.weight"},
+                            {"hnorm.weight", "hnorm.weight"},
+                            {"eh_proj.weight", "eh_proj.weight"},
+                            {"final_norm.weight", "shared_head.norm.weight"}};
+  return m;
+}
+
+// The shared weights of which the release stores a copy in every MTP layer: meshtrain's
+// parameter -> HF suffix (after "model.layers.N.").
+const std::vector<std::pair<std::string, std::string>>& mtp_copies() {
+  static const std::vector<std::pair<std::string, std::string>> m = {
+      {"tok_embeddings.weight", "embed_tokens.weight"},
+      {"output.weight", "shared_head.head.weight"}};
+  return m;
+}
+
 // Stacked expert weights: meshtrain suffix -> HF per-expert suffix (after "mlp.experts.E.").
 const std::map<std::string, std::string>& expert_names() {
   static const std::map<std::string, std::string> m = {
@@ -85,23 +105,29 @@ int64_t hf_row_of_meta_row(int64_t row, int64_t head_dim) {
   return head * head_dim + (r % 2) * (head_dim / 2) + r / 2;
 }
 
-HfLayout::HfLayout(const Model& model, const std::vector<ParamInfo>& params)
+HfLayout::HfLayout(const Model& model, const std::vector<ParamInfo>& params, bool shared_copies)
     : model_name_(model.name()) {
   const Llama3Args* llama = llama3_args_of(model);
-  MT_CHECK_T(ConfigError, llama || deepseek_v3_args_of(model),
+  const DeepSeekV3Args* deepseek = deepseek_v3_args_of(model);
+  MT_CHECK_T(ConfigError, llama || deepseek,
              "model {} has no Hugging Face layout (llama3 and deepseek_v3 have)", model.name());
   const auto& layer_names = llama ? llama_layer_names() : deepseek_layer_names();
-  // HF order: embedding, then layer by layer, then the final norm and the head.
+  // HF order: embedding, then layer by layer, then the final norm and the head, then the MTP
+  // layers (the release's last shard holds them).
+  constexpr int kTail = 1 << 30;
   std::vector<std::pair<std::pair<int, int>, HfTensor>> ordered;
+  std::map<int, int> mtp_blocks;  // block index -> its place in the order
+  std::map<std::string, std::vector<int64_t>> shapes;
   for (size_t pi = 0; pi < params.size(); ++pi) {
     const ParamInfo& p = params[pi];
     if (is_counter(p.name)) continue;
     const std::vector<int64_t> shape(p.global_shape.dims().begin(), p.global_shape.dims().end());
+    shapes[p.name] = shape;
     auto push = [&](int rank_in_order, HfTensor t) {
       ordered.push_back({{rank_in_order, int(ordered.size())}, std::move(t)});
     };
     if (auto it = root_names().find(p.name); it != root_names().end()) {
-      push(p.name == "tok_embeddings.weight" ? -1 : 1 << 30,
+      push(p.name == "tok_embeddings.weight" ? -1 : kTail,
            HfTensor{.hf_name = it->second, .param = p.name, .shape = shape});
       continue;
     }
@@ -112,12 +138,21 @@ HfLayout::HfLayout(const Model& model, const std::vector<ParamInfo>& params)
     const std::string& rest = in_block->suffix;
     // HF nests the same block names under "model.": "model.layers.N.".
     const std::string prefix = "model." + block_name(l) + ".";
+    const bool mtp = deepseek && l >= deepseek->n_layers;
+    const int order = mtp ? kTail + 1 + (l - deepseek->n_layers) : l;
+    if (mtp) {
+      mtp_blocks[l] = order;
+      if (auto it = mtp_names().find(rest); it != mtp_names().end()) {
+        push(order, HfTensor{.hf_name = prefix + it->second, .param = p.name, .shape = shape});
+        continue;
+      }
+    }
     if (auto it = expert_names().find(rest); !llama && it != expert_names().end()) {
       for (int64_t e = 0; e < shape[0]; ++e)
-        push(l, HfTensor{.hf_name = fmt::format("{}mlp.experts.{}.{}", prefix, e, it->second),
-                         .param = p.name,
-                         .shape = {shape[1], shape[2]},
-                         .expert = e});
+        push(order, HfTensor{.hf_name = fmt::format("{}mlp.experts.{}.{}", prefix, e, it->second),
+                             .param = p.name,
+                             .shape = {shape[1], shape[2]},
+                             .expert = e});
       continue;
     }
     auto it = layer_names.find(rest);
@@ -126,15 +161,38 @@ HfLayout::HfLayout(const Model& model, const std::vector<ParamInfo>& params)
     if (llama && rest == "attention.wq.weight") t.rope_heads = llama->n_heads;
     if (llama && rest == "attention.wk.weight") t.rope_heads = llama->kv_heads();
     t.may_be_absent = rest == "moe.expert_bias";
-    push(l, std::move(t));
+    push(order, std::move(t));
+  }
+  mtp_layers_ = int(mtp_blocks.size());
+  // The release's copies of the shared embedding and head in each MTP layer. They may be absent
+  // from a folder (nothing is read from them) and are checked against the main tensor if present.
+  for (const auto& [l, order] : shared_copies ? mtp_blocks : std::map<int, int>()) {
+    for (const auto& [param, suffix] : mtp_copies()) {
+      auto it = shapes.find(param);
+      MT_CHECK(it != shapes.end(), "MTP module {} shares {}, which the plan does not declare",
+               block_name(l), param);
+      ordered.push_back({{order, int(ordered.size())},
+                         HfTensor{.hf_name = fmt::format("model.{}.{}", block_name(l), suffix),
+                                  .param = param,
+                                  .shape = it->second,
+                                  .may_be_absent = true,
+                                  .shared_copy = true}});
+    }
   }
   std::stable_sort(ordered.begin(), ordered.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [key, t] : ordered) {
     by_hf_[t.hf_name] = tensors_.size();
-    by_param_[t.param].push_back(tensors_.size());
+    (t.shared_copy ? copies_ : by_param_)[t.param].push_back(tensors_.size());
     tensors_.push_back(std::move(t));
   }
+}
+
+std::vector<const HfTensor*> HfLayout::copies_of(const std::string& param) const {
+  std::vector<const HfTensor*> out;
+  if (auto it = copies_.find(param); it != copies_.end())
+    for (size_t i : it->second) out.push_back(&tensors_[i]);
+  return out;
 }
 
 const HfTensor* HfLayout::find(const std::string& hf_name) const {

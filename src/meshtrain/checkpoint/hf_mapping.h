@@ -1,8 +1,10 @@
 // Where every Hugging Face tensor of a model lives in meshtrain's parameters (torchtitan's state
 // dict adapters, as data): names, routed experts stacked [E, ...] in meshtrain and one tensor per
 // expert in HF, and Llama's q/k rows, whose rotary pairs are interleaved in meshtrain (Meta's
-// layout) and split into halves in HF. The rule: the map is a bijection of elements, row by row,
-// so export then import is the identity.
+// layout) and split into halves in HF. DeepSeek-V3's multi-token-prediction modules are blocks
+// L..L+D-1 (L = n_layers) under the release's names. The rule: the map is a bijection of
+// elements, row by row, so export then import is the identity; the MTP modules' copies of the
+// shared embedding and head are written beside it and only checked on import.
 #pragma once
 
 #include <functional>
@@ -22,6 +24,10 @@ struct HfTensor {
   int64_t expert = -1;         // >= 0: this tensor is param[expert] (shape drops dim 0)
   int64_t rope_heads = 0;      // > 0: rows are permuted within each of this many heads
   bool may_be_absent = false;  // e_score_correction_bias: DeepSeek-V2 releases have none (zeros)
+  // An MTP module's copy of a shared weight (model.layers.N.embed_tokens.weight of
+  // tok_embeddings.weight, model.layers.N.shared_head.head.weight of output.weight): written with
+  // the same rows as the main tensor, never read into the parameter, checked equal when present.
+  bool shared_copy = false;
 };
 
 // A meshtrain row: the last dim of a parameter at fixed leading indices. Its HF counterpart is one
@@ -34,8 +40,10 @@ struct HfRow {
 class HfLayout {
  public:
   // Every HF tensor of the model's parameters and expert biases, in HF order (embedding, layers,
-  // norm, head). InternalError for a parameter no mapping rule covers.
-  HfLayout(const Model& model, const std::vector<ParamInfo>& params);
+  // norm, head, then the MTP layers as the release orders them). InternalError for a parameter no
+  // mapping rule covers. shared_copies = false leaves out the MTP modules' copies of the
+  // embedding and head (a gradient file holds each parameter once).
+  HfLayout(const Model& model, const std::vector<ParamInfo>& params, bool shared_copies = true);
 
   const std::vector<HfTensor>& tensors() const { return tensors_; }
   const HfTensor* find(const std::string& hf_name) const;
@@ -45,12 +53,18 @@ class HfLayout {
   // stacked weight, else 0).
   HfRow locate(const std::string& param, int64_t lead, int64_t row) const;
   const std::string& model_name() const { return model_name_; }
+  // The shared copies of `param` (empty for every parameter but the embedding and the head).
+  std::vector<const HfTensor*> copies_of(const std::string& param) const;
+  // MTP modules among the parameters (blocks at index >= n_layers).
+  int mtp_layers() const { return mtp_layers_; }
 
  private:
   std::string model_name_;
   std::vector<HfTensor> tensors_;
   std::map<std::string, size_t> by_hf_;
   std::map<std::string, std::vector<size_t>> by_param_;  // per expert (or one entry)
+  std::map<std::string, std::vector<size_t>> copies_;    // shared copies per parameter
+  int mtp_layers_ = 0;
 };
 
 // Calls f(local_row, hf_row, c0, c1) for every row of this rank's piece of p that lies inside the

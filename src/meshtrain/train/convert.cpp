@@ -92,9 +92,12 @@ void run_convert(const ConvertRequest& r) {
   } else if (fs::exists(fs::path(r.input) / "config.json")) {
     const HfModelConfig hf = read_hf_config(r.input);
     std::vector<std::string> ov = r.overrides;
-    if (r.config.empty())  // the model is the one config.json describes
+    if (r.config.empty()) {  // the model is the one config.json describes, MTP layers included
       ov.insert(ov.begin(), {"--model.name", hf.model_name, "--model.hf_config",
                              fs::absolute(r.input).string()});
+      if (hf.mtp_layers > 0)
+        ov.insert(ov.begin() + 4, {"--model.mtp_layers", std::to_string(hf.mtp_layers)});
+    }
     JobConfig cfg = parse_job_config(r.config, ov);
     if (cfg.model.vocab_size == 0)
       cfg.model.vocab_size =
