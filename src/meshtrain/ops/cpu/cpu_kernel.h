@@ -1,7 +1,8 @@
-// Helpers shared by CPU reference kernels: typed pointers from a KernelContext, with the op
-// layer having checked shapes and dtypes already.
+// Helpers shared by CPU reference kernels: typed pointers from a KernelContext (the op layer has
+// checked shapes and dtypes already) and the dtype switch, MT_DISPATCH_FLOAT.
 #pragma once
 
+#include "meshtrain/core/dtype_dispatch.h"
 #include "meshtrain/ir/op_registry.h"
 
 namespace meshtrain::cpu {

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "meshtrain/core/dtype_dispatch.h"
 #include "meshtrain/ir/op_registry.h"
 #include "meshtrain/runtime/cuda/cuda_backend.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
@@ -146,26 +147,9 @@ __device__ A block_sum(A v) {
     if (!(cond)) __assert_fail(msg, __FILE__, __LINE__, __func__); \
   } while (0)
 
-// Runs BODY with scalar_t bound to the device type of a floating DType (float, double, bf16).
-#define MT_DISPATCH_CUDA_FLOAT(dtype, what, ...)                                                 \
-  [&] {                                                                                          \
-    switch (dtype) {                                                                             \
-      case ::meshtrain::DType::kF32: {                                                           \
-        using scalar_t = float;                                                                  \
-        return __VA_ARGS__();                                                                    \
-      }                                                                                          \
-      case ::meshtrain::DType::kF64: {                                                           \
-        using scalar_t = double;                                                                 \
-        return __VA_ARGS__();                                                                    \
-      }                                                                                          \
-      case ::meshtrain::DType::kBF16: {                                                          \
-        using scalar_t = ::meshtrain::cuda::bf16;                                                \
-        return __VA_ARGS__();                                                                    \
-      }                                                                                          \
-      default:                                                                                   \
-        MT_THROW(ValueError, "{} (cuda): expected float32, float64 or bfloat16, found {}", what, \
-                 ::meshtrain::dtype_name(dtype));                                                \
-    }                                                                                            \
-  }()
+// Runs BODY with scalar_t bound to the device type of a floating DType (float, double, bf16):
+// the one dtype switch (core/dtype_dispatch.h) with bf16 allowed; `what` is a string literal.
+#define MT_DISPATCH_CUDA_FLOAT(dtype, what, ...) \
+  MT_DISPATCH_FLOAT_TYPES(dtype, what " (cuda)", ::meshtrain::cuda::bf16, __VA_ARGS__)
 
 }  // namespace meshtrain::cuda
