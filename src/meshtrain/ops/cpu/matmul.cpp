@@ -2,26 +2,11 @@
 // against.
 #include "meshtrain/ops/matmul.h"
 
-#include <cblas.h>
-
+#include "meshtrain/ops/cpu/cpu_blas.h"
 #include "meshtrain/ops/cpu/cpu_kernel.h"
 
 namespace meshtrain::cpu {
 namespace {
-
-template <typename T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  auto TA = ta ? CblasTrans : CblasNoTrans;
-  auto TB = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f,
-                c, int(ldc));
-  else
-    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0,
-                c, int(ldc));
-}
 
 MT_REGISTER_OPS {
   add_cpu_kernel("matmul", [](KernelContext& c) {
@@ -29,6 +14,7 @@ MT_REGISTER_OPS {
     TensorMeta am{c.in[0].shape(), c.in[0].dtype()}, bm{c.in[1].shape(), c.in[1].dtype()};
     ops::MatmulDims d = ops::matmul_dims(am, bm, ta, tb);
     MT_DISPATCH_FLOAT(c.out[0].dtype(), "matmul", [&] {
+      if (d.m == 0 || d.n == 0) return;
       if (d.k == 0) {
         std::fill_n(out_ptr<scalar_t>(c, 0), d.m * d.n, scalar_t(0));
         return;
