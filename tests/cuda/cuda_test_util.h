@@ -1,5 +1,5 @@
 // Helpers shared by the GPU tests: the process's CUDA backend (a clear failure when there is no
-// GPU), device <-> host copies, and arena poisoning.
+// GPU), device <-> host copies, arena poisoning, and executor services for one rank.
 #pragma once
 
 #include "meshtrain/graph/executor.h"
@@ -22,5 +22,17 @@ Tensor to_device(Backend& be, const Tensor& host_tensor);
 void poison_arena(const Executor& ex, Stream& s);
 // The same for one device buffer.
 void poison(void* device_ptr, size_t bytes, Stream& s);
+
+// Executor services of a one-rank run: every mesh group is `comm`.
+class OneRankServices final : public ExecServices {
+ public:
+  OneRankServices(Backend& be, Communicator& comm) : be_(be), comm_(comm) {}
+  Communicator& comm(MeshGroup) override { return comm_; }
+  Backend& backend() override { return be_; }
+
+ private:
+  Backend& be_;
+  Communicator& comm_;
+};
 
 }  // namespace meshtrain::cudatest

@@ -49,17 +49,6 @@ TEST(CudaBuckets, PackAndUnpackMatchTheCpu) {
     EXPECT_EQ(to_host(be, back[i]).to_vector<float>(), host[i].to_vector<float>()) << i;
 }
 
-class OneRankServices final : public ExecServices {
- public:
-  OneRankServices(Communicator& c, Backend& be) : comm_(c), be_(be) {}
-  Communicator& comm(MeshGroup) override { return comm_; }
-  Backend& backend() override { return be_; }
-
- private:
-  Communicator& comm_;
-  Backend& be_;
-};
-
 // A bucket of three tensors through the op's CUDA kernel: with one rank the gather and the
 // reduce-scatter give back each input, which checks the packing into and out of the workspace.
 TEST(CudaBuckets, BucketedKernelsOnOneNcclRank) {
@@ -67,7 +56,7 @@ TEST(CudaBuckets, BucketedKernelsOnOneNcclRank) {
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));
   std::unique_ptr<NcclCommunicator> comm = NcclCommunicator::create(id, 1, 0, 0, "bucket", {});
-  OneRankServices services(*comm, be);
+  OneRankServices services(be, *comm);
   for (const char* op : {"all_gather", "reduce_scatter"}) {
     Graph g;
     Builder b(g);

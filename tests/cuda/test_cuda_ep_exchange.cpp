@@ -29,17 +29,6 @@
 namespace meshtrain::cudatest {
 namespace {
 
-class OneRankServices : public ExecServices {
- public:
-  OneRankServices(Backend& be, Communicator& comm) : be_(be), comm_(comm) {}
-  Communicator& comm(MeshGroup) override { return comm_; }
-  Backend& backend() override { return be_; }
-
- private:
-  Backend& be_;
-  Communicator& comm_;
-};
-
 struct Result {
   int64_t overflows = 0, grows = 0, allocs_after_first = 0, mallocs_after_first = 0;
   double worst_rel = 0;

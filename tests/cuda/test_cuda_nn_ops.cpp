@@ -248,7 +248,7 @@ MT_CUDA_CASE_TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16AddOrOverwrite, 
 
 // The one-node graph of both AdamW cases: a float32 flat group of shape `s`, max_norm 1.
 struct AdamWGraph {
-  explicit AdamWGraph(const Shape& s) {
+  explicit AdamWGraph(const Shape& s) : shape(s) {
     const ops::AdamWParams ap{
         .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_norm = 1.0};
     Builder b(g, NodePhase::kOptimizer);
@@ -260,9 +260,39 @@ struct AdamWGraph {
     nsq = b.persistent("norm_sq", {Shape{1}, DType::kF64}, ValueRole::kState);
     ops::adamw_update(b, p, gr, m, v, nsq, lr_slot, step_slot, ap);
   }
+  Shape shape;
   Graph g;
   int lr_slot = -1, step_slot = -1;
   ValueId p = kNoValue, gr = kNoValue, m = kNoValue, v = kNoValue, nsq = kNoValue;
+};
+
+// Both sides of one AdamW case: random parameters, gradients and moments on the host (the CPU
+// executor's), their device copies (the GPU executor's), the squared gradient norm `norm_sq`, and
+// the two executors bound and prepared.
+struct AdamWSides {
+  AdamWSides(const AdamWGraph& ag, Backend& gpu, Backend& cpu, std::mt19937_64& rng, double norm_sq)
+      : hp(random_host(ag.shape, DType::kF32, rng, -1, 1)),
+        hg(random_host(ag.shape, DType::kF32, rng, -1, 1)),
+        hm(random_host(ag.shape, DType::kF32, rng, -0.1, 0.1)),
+        hv(random_host(ag.shape, DType::kF32, rng, 0, 0.01)),
+        hn(Tensor::from_vector(std::vector<double>{norm_sq}, Shape{1})),
+        dp(to_device(gpu, hp)),
+        dg(to_device(gpu, hg)),
+        dm(to_device(gpu, hm)),
+        dv(to_device(gpu, hv)),
+        dn(to_device(gpu, hn)),
+        ce(ag.g, plan_memory(ag.g, DeviceType::kCPU), cpu, nullptr),
+        ge(ag.g, plan_memory(ag.g, DeviceType::kCUDA), gpu, nullptr) {
+    ce.bind(ag.p, hp), ce.bind(ag.gr, hg), ce.bind(ag.m, hm), ce.bind(ag.v, hv);
+    ce.bind(ag.nsq, hn);
+    ge.bind(ag.p, dp), ge.bind(ag.gr, dg), ge.bind(ag.m, dm), ge.bind(ag.v, dv);
+    ge.bind(ag.nsq, dn);
+    ce.prepare();
+    ge.prepare();
+  }
+  Tensor hp, hg, hm, hv, hn;  // host: the CPU side
+  Tensor dp, dg, dm, dv, dn;  // device: the GPU side
+  Executor ce, ge;
 };
 
 // One fused AdamW step on the GPU against the CPU kernel, with clipping active (max_norm below
@@ -275,27 +305,14 @@ MT_CUDA_CASE_TEST(CudaNnOps, AdamWMatchesCpu, "adamw_update") {
   std::mt19937_64 rng(seed);
   const Shape s{5003};
   AdamWGraph ag(s);
-  Graph& g = ag.g;
-  const int lr_slot = ag.lr_slot, step_slot = ag.step_slot;
-  const ValueId p = ag.p, gr = ag.gr, m = ag.m, v = ag.v, nsq = ag.nsq;
-
-  Tensor hp = random_host(s, DType::kF32, rng, -1, 1), hg = random_host(s, DType::kF32, rng, -1, 1);
-  Tensor hm = random_host(s, DType::kF32, rng, -0.1, 0.1),
-         hv = random_host(s, DType::kF32, rng, 0, 0.01);
-  Tensor hn = Tensor::from_vector(std::vector<double>{37.5}, Shape{1});  // norm 6.12 > max_norm
-  Tensor dp = to_device(gpu, hp), dg = to_device(gpu, hg), dm = to_device(gpu, hm),
-         dv = to_device(gpu, hv), dn = to_device(gpu, hn);
-  Executor ce(g, plan_memory(g, DeviceType::kCPU), *cpu, nullptr),
-      ge(g, plan_memory(g, DeviceType::kCUDA), gpu, nullptr);
-  ce.bind(p, hp), ce.bind(gr, hg), ce.bind(m, hm), ce.bind(v, hv), ce.bind(nsq, hn);
-  ge.bind(p, dp), ge.bind(gr, dg), ge.bind(m, dm), ge.bind(v, dv), ge.bind(nsq, dn);
-  ce.prepare();
-  ge.prepare();
+  AdamWSides sides(ag, gpu, *cpu, rng, 37.5);  // norm 6.12 > max_norm
+  Tensor &hp = sides.hp, &hg = sides.hg, &hm = sides.hm, &hv = sides.hv;
+  Tensor &dp = sides.dp, &dg = sides.dg, &dm = sides.dm, &dv = sides.dv;
   Tensor g2 = random_host(s, DType::kF32, rng, -1, 1);
   for (int step = 1; step <= 2; ++step) {
-    for (Executor* e : {&ce, &ge}) {
-      e->set_scalar(lr_slot, 3e-3 * step);
-      e->set_scalar(step_slot, step);
+    for (Executor* e : {&sides.ce, &sides.ge}) {
+      e->set_scalar(ag.lr_slot, 3e-3 * step);
+      e->set_scalar(ag.step_slot, step);
       e->run();
     }
     // The gradient was reset to zero; load the next one on both sides.
@@ -314,7 +331,7 @@ MT_CUDA_CASE_TEST(CudaNnOps, AdamWMatchesCpu, "adamw_update") {
       // m + (g - m)(1 - b1) cancels, and the GPU contracts it into FMAs.
       ASSERT_NEAR(got[i], want[i], 2e-6 * std::abs(want[i]) + 1e-8) << names[k] << "[" << i << "]";
   }
-  note_compared_graph(g);
+  note_compared_graph(ag.g);
 }
 
 // A NaN or Inf squared norm skips the update on the GPU as on the CPU: parameters and moments keep
@@ -327,27 +344,14 @@ MT_CUDA_CASE_TEST(CudaNnOps, AdamWSkipsOnNonFiniteNorm, "adamw_update") {
   std::mt19937_64 rng(seed);
   const Shape s{4099};
   AdamWGraph ag(s);
-  Graph& g = ag.g;
-  const int lr_slot = ag.lr_slot, step_slot = ag.step_slot;
-  const ValueId p = ag.p, gr = ag.gr, m = ag.m, v = ag.v, nsq = ag.nsq;
   for (double bad : {std::nan(""), double(INFINITY)}) {
-    Tensor hp = random_host(s, DType::kF32, rng, -1, 1),
-           hg = random_host(s, DType::kF32, rng, -1, 1);
-    Tensor hm = random_host(s, DType::kF32, rng, -0.1, 0.1),
-           hv = random_host(s, DType::kF32, rng, 0, 0.01);
-    Tensor hn = Tensor::from_vector(std::vector<double>{bad}, Shape{1});
+    AdamWSides sides(ag, gpu, *cpu, rng, bad);
+    const Tensor &hp = sides.hp, &hg = sides.hg, &hm = sides.hm, &hv = sides.hv;
+    const Tensor &dp = sides.dp, &dg = sides.dg, &dm = sides.dm, &dv = sides.dv;
     const std::vector<double> p0 = host_values(hp), m0 = host_values(hm), v0 = host_values(hv);
-    Tensor dp = to_device(gpu, hp), dg = to_device(gpu, hg), dm = to_device(gpu, hm),
-           dv = to_device(gpu, hv), dn = to_device(gpu, hn);
-    Executor ce(g, plan_memory(g, DeviceType::kCPU), *cpu, nullptr),
-        ge(g, plan_memory(g, DeviceType::kCUDA), gpu, nullptr);
-    ce.bind(p, hp), ce.bind(gr, hg), ce.bind(m, hm), ce.bind(v, hv), ce.bind(nsq, hn);
-    ge.bind(p, dp), ge.bind(gr, dg), ge.bind(m, dm), ge.bind(v, dv), ge.bind(nsq, dn);
-    ce.prepare();
-    ge.prepare();
-    for (Executor* e : {&ce, &ge}) {
-      e->set_scalar(lr_slot, 3e-3);
-      e->set_scalar(step_slot, 1);
+    for (Executor* e : {&sides.ce, &sides.ge}) {
+      e->set_scalar(ag.lr_slot, 3e-3);
+      e->set_scalar(ag.step_slot, 1);
       e->run();
     }
     const std::vector<double> zeros(size_t(s.numel()), 0.0);
@@ -360,7 +364,7 @@ MT_CUDA_CASE_TEST(CudaNnOps, AdamWSkipsOnNonFiniteNorm, "adamw_update") {
     EXPECT_EQ(host_values(hm), m0) << "norm_sq " << bad;
     EXPECT_EQ(host_values(hv), v0) << "norm_sq " << bad;
   }
-  note_compared_graph(g);
+  note_compared_graph(ag.g);
 }
 
 }  // namespace

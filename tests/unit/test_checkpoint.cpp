@@ -18,20 +18,8 @@ namespace fs = std::filesystem;
 using testing::error_message;
 using testing::test_runtime;
 
-struct Record {
-  std::vector<double> loss, norm;
-};
-
-Record run(Trainer& t, int steps) {
-  Record r;
-  for (int i = 0; i < steps; ++i) {
-    StepRecord s = t.step();
-    r.loss.push_back(s.loss);
-    r.norm.push_back(s.grad_norm);
-  }
-  t.wait_for_checkpoint();
-  return r;
-}
+using Record = testing::RunResult;
+Record run(Trainer& t, int steps) { return testing::run_steps(t, steps); }
 
 std::vector<std::vector<float>> masters(const Trainer& t) {
   std::vector<std::vector<float>> out;
@@ -97,7 +85,7 @@ TEST_P(ResumeTest, ContinuesBitwiseAsTheUninterruptedRun) {
   Record rest = run(t, 4);
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(rest.loss[size_t(i)], whole.loss[size_t(i) + 4]) << "step " << i + 5;
-    EXPECT_EQ(rest.norm[size_t(i)], whole.norm[size_t(i) + 4]) << "step " << i + 5;
+    EXPECT_EQ(rest.grad_norm[size_t(i)], whole.grad_norm[size_t(i) + 4]) << "step " << i + 5;
   }
   EXPECT_EQ(masters(t), want);
   EXPECT_TRUE(fs::exists(fs::path(step_dir("cut", 8)) / "index.json"));

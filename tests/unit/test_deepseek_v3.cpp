@@ -7,8 +7,8 @@
 #include <cmath>
 #include <map>
 
+#include "cpu_step.h"
 #include "gradcheck.h"
-#include "meshtrain/graph/autodiff.h"
 #include "meshtrain/graph/executor.h"
 #include "meshtrain/model/counting.h"
 #include "meshtrain/model/deepseek_v3.h"
@@ -225,33 +225,26 @@ TEST(DeepSeekV3, GradCheckMoeBlock) {
   }
 }
 
-// The whole model: loss of a tiny DeepSeek-V3 in float64 built by the real model code through
-// the plan (persistent masters, gradient accumulators), run by the executor; every parameter's
+// The whole model: loss of a tiny DeepSeek-V3 in float64 built by the real step graph
+// (cpu_step.h: persistent masters, gradient accumulators), run by the executor; every parameter's
 // analytic gradient against central differences on its master values.
 TEST(DeepSeekV3, GradCheckWholeModelLossAllParameters) {
   for (int64_t q_lora : {0, 12}) {
     SCOPED_TRACE(fmt::format("q_lora_rank {}", q_lora));
     const int64_t B = 2, S = 6;
-    auto model = create_deepseek_v3(tiny_args(q_lora), "tiny");
-    Graph g;
-    Builder b(g);
-    ParallelPlan plan(
-        {.master_dtype = DType::kF64, .compute_dtype = DType::kF64, .reduce_dtype = DType::kF64},
-        nullptr);
-    ModelInputs in{b.input("tokens", {Shape{B, S}, DType::kI32}),
-                   b.input("labels", {Shape{B, S}, DType::kI32}),
-                   b.input("token_count", {Shape{1}, DType::kI64}), B, S};
-    ValueId loss = model->build(b, plan, in);
-    g.mark_output(loss);
-    GradientMap grads = differentiate(g, loss, plan.trainable_masters());
-    Builder bb(g, NodePhase::kBackward);
-    plan.attach_gradients(bb, grads);
-    eliminate_dead_nodes(g);
-
-    auto backend = create_backend("cpu", 0);
-    Executor ex(g, plan_memory(g, DeviceType::kCPU), *backend, nullptr);
-    ParamStore store(plan, *backend);
-    store.initialize(5);
+    JobConfig cfg;
+    cfg.training.local_batch_size = B;
+    cfg.training.seq_len = S;
+    testing::CpuStep cs = testing::cpu_step(
+        cfg,
+        {.compute_dtype = DType::kF64,
+         .master_dtype = DType::kF64,
+         .reduce_dtype = DType::kF64,
+         .make_model = [&] { return create_deepseek_v3(tiny_args(q_lora), "tiny"); }},
+        5);
+    const ParallelPlan& plan = cs.plan();
+    ParamStore& store = *cs.store;
+    Executor& ex = *cs.ex;
     // Larger weights than the init (0.02) so every path carries a gradient well above noise;
     // a non-zero expert_bias so the biased choice is exercised.
     std::mt19937_64 rng(1234 + uint64_t(q_lora));
@@ -266,15 +259,13 @@ TEST(DeepSeekV3, GradCheckWholeModelLossAllParameters) {
       if (!p.trainable && p.name.find("expert_bias") == std::string::npos)
         std::fill_n(v, t.numel(), 0.0);  // token counters
     }
-    store.bind(ex);
-    ex.prepare();
-    int32_t* tok = ex.tensor(in.tokens).data<int32_t>();
-    int32_t* lab = ex.tensor(in.labels).data<int32_t>();
+    cs.prepare();
+    int32_t* tok = cs.tokens().data<int32_t>();
+    int32_t* lab = cs.labels().data<int32_t>();
     for (int64_t i = 0; i < B * S; ++i) {
       tok[i] = int32_t(std::uniform_int_distribution<int>(0, 10)(rng));
       lab[i] = int32_t(std::uniform_int_distribution<int>(0, 10)(rng));
     }
-    ex.tensor(in.token_count).data<int64_t>()[0] = B * S;
     ex.run();
     // Snapshot: every later run adds into the gradient accumulators again.
     std::map<std::string, std::vector<double>> analytic_of;
@@ -294,10 +285,10 @@ TEST(DeepSeekV3, GradCheckWholeModelLossAllParameters) {
         const double orig = v[i];
         v[i] = orig + eps;
         ex.run();
-        const double lp = ex.tensor(loss).data<double>()[0];
+        const double lp = cs.loss();
         v[i] = orig - eps;
         ex.run();
-        const double lm = ex.tensor(loss).data<double>()[0];
+        const double lm = cs.loss();
         v[i] = orig;
         const double num = (lp - lm) / (2 * eps);
         max_num = std::max(max_num, std::abs(num));

@@ -1,12 +1,12 @@
 // deepseek_v3 training with auxiliary-loss-free load balancing: a small model trained on the
-// default corpus through the real plan, param store and optimizer graph (the bias update runs
-// there), once with load balancing on and once off from the same seed; the expert imbalance
-// (max / mean tokens per expert) over steps 100-200 must be lower with it on. Also the metrics
-// the trainer derives from the per-layer loads.
+// default corpus through the real step graph (cpu_step.h), param store and optimizer graph (the
+// bias update runs there), once with load balancing on and once off from the same seed; the expert
+// imbalance (max / mean tokens per expert) over steps 100-200 must be lower with it on. Also the
+// metrics the trainer derives from the per-layer loads.
 #include <gtest/gtest.h>
 
+#include "cpu_step.h"
 #include "meshtrain/data/loader.h"
-#include "meshtrain/graph/autodiff.h"
 #include "meshtrain/model/deepseek_v3.h"
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/train/trainer.h"
@@ -46,36 +46,23 @@ RunTrace train_small(double coeff, int steps) {
   auto tokenizer = make_tokenizer("byte");
   TokenLoader loader(open_data_source("fortunes", ""), *tokenizer, S, B, 0, 1, 1, seed);
   a.vocab_size = std::max<int64_t>(tokenizer->vocab_size(), loader.max_token_id() + 1);
-  auto model = create_deepseek_v3(a, "small");
 
-  Graph g;
-  Builder b(g);
-  ParallelPlan plan({}, nullptr);
-  ModelInputs in{b.input("tokens", {Shape{B, S}, DType::kI32}),
-                 b.input("labels", {Shape{B, S}, DType::kI32}),
-                 b.input("token_count", {Shape{1}, DType::kI64}), B, S};
-  ValueId loss = model->build(b, plan, in);
-  g.mark_output(loss);
-  GradientMap grads = differentiate(g, loss, plan.trainable_masters());
-  Builder bb(g, NodePhase::kBackward);
-  plan.attach_gradients(bb, grads);
-  eliminate_dead_nodes(g);
-
-  auto backend = create_backend("cpu", 0);
-  Executor ex(g, plan_memory(g, DeviceType::kCPU), *backend, nullptr);
-  ParamStore store(plan, *backend);
-  store.initialize(seed);
-  store.bind(ex);
-  ex.prepare();
-  ex.tensor(in.token_count).data<int64_t>()[0] = B * S;
-  Optimizer opt(store, ops::AdamWParams{}, *backend, nullptr,
+  JobConfig cfg;
+  cfg.training.local_batch_size = B;
+  cfg.training.seq_len = S;
+  testing::CpuStep cs =
+      testing::cpu_step(cfg, {.make_model = [&] { return create_deepseek_v3(a, "small"); }}, seed);
+  cs.prepare();
+  const ParallelPlan& plan = cs.plan();
+  ParamStore& store = *cs.store;
+  Optimizer opt(store, ops::AdamWParams{}, *cs.backend, nullptr,
                 {.layers = plan.load_balance_layers()});
 
   RunTrace trace;
   for (int step = 1; step <= steps; ++step) {
-    loader.next(ex.tensor(in.tokens).data<int32_t>(), ex.tensor(in.labels).data<int32_t>());
-    ex.run();
-    trace.loss.push_back(ex.tensor(loss).data<float>()[0]);
+    loader.next(cs.tokens().data<int32_t>(), cs.labels().data<int32_t>());
+    cs.ex->run();
+    trace.loss.push_back(cs.loss());
     opt.step(step, 3e-3);
     double imb = 0, bias = 0;
     for (const LoadBalanceLayer& l : plan.load_balance_layers()) {

@@ -387,7 +387,7 @@ TEST_F(HfMtp, LastSaveInHfAndConvertCarryTheMtpModules) {
         job(1, {"--job.dump_folder", run.string(), "--training.steps", "2", "--checkpoint.enable",
                 "true", "--checkpoint.last_save_in_hf", "true", "--checkpoint.interval", "100"}),
         testing::test_runtime());
-    t.step(false), t.step(false);
+    t.step(), t.step();
     t.wait_for_checkpoint();
     for (const ParamInfo& p : t.plan().params())
       if (!is_counter(p.name))

@@ -18,30 +18,9 @@ Runtime& test_runtime() {
 }
 
 JobConfig tiny_job(const std::vector<std::string>& overrides) {
-  std::vector<std::string> all = {"--job.device",
-                                  "cpu",
-                                  "--model.flavor",
-                                  "tiny",
-                                  "--training.seq_len",
-                                  "32",
-                                  "--training.local_batch_size",
-                                  "2",
-                                  "--training.steps",
-                                  "4",
-                                  "--training.seed",
-                                  "7",
-                                  "--optimizer.lr",
-                                  "3e-3",
-                                  "--lr_scheduler.warmup_steps",
-                                  "2",
-                                  "--metrics.log_freq",
-                                  "1",
-                                  "--metrics.enable_jsonl",
-                                  "false",
-                                  "--job.dump_folder",
-                                  "/tmp/meshtrain_test_outputs"};
-  all.insert(all.end(), overrides.begin(), overrides.end());
-  return parse_job_config("", all);
+  return tiny_job_config(
+      {.steps = 4, .seed = 7, .warmup_steps = 2},
+      {{"--training.local_batch_size", "2", "--metrics.log_freq", "1"}, overrides});
 }
 
 ::testing::AssertionResult contains(const char* text_expr, const char* part_expr,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tiny_job.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/train/job_config.h"
@@ -18,8 +19,8 @@ namespace meshtrain::testing {
 // The process's Runtime (MPI singleton mode when not under mpirun), created on first use.
 Runtime& test_runtime();
 
-// A tiny llama3 job on the fortunes corpus: cpu, float32, seq 32, batch 2, no file output
-// unless `dump_folder` is given. Extra overrides use the command-line syntax.
+// The tiny job (common/tiny_job.h) on the fortunes corpus with batch 2, 4 steps, seed 7, warmup 2,
+// a log line every step. Extra overrides use the command-line syntax.
 JobConfig tiny_job(const std::vector<std::string>& overrides = {});
 
 // EXPECT_CONTAINS(text, part): the failure shows both strings.

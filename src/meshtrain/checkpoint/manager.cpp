@@ -104,7 +104,7 @@ CheckpointManager::CheckpointManager(CheckpointOptions options, CheckpointRun ru
   }
   // Host memory for the snapshot, allocated once, here: async saves copy into it while the step
   // loop waits; a device backend needs it for any save. Synchronous cpu saves read the shards.
-  const bool staged = options_.async || !backend_.device().is_cpu();
+  const bool staged = options_.async() || !backend_.device().is_cpu();
   snapshot_ = std::make_unique<Snapshot>(plan_, store_, backend_, staged);
 }
 
@@ -132,7 +132,7 @@ void CheckpointManager::after_step(int64_t step, int64_t optimizer_step, int64_t
   poll();
   const bool last = step == run_.training_steps;
   if (last || (options_.interval > 0 && step % options_.interval == 0) ||
-      (options_.first_step && step == 1))
+      (options_.enable_first_step_checkpoint && step == 1))
     save(step, optimizer_step, lr_step, lr, last);
 }
 
@@ -216,7 +216,7 @@ void CheckpointManager::save(int64_t step, int64_t optimizer_step, int64_t lr_st
   };
   pending_ = std::move(p);
   in_flight_ = true;
-  if (options_.async) {
+  if (options_.async()) {
     pending_->thread = std::thread(work);
     log_info("checkpoint: step {} snapshot taken in {:.2f} s; writing in the background", step,
              pending_->stall_seconds);
@@ -337,7 +337,7 @@ void CheckpointManager::finalize_pending() {
   log_info(
       "checkpoint: step {} saved to {} ({}{}), snapshot {:.2f} s (stall), write {:.2f} s, {} at "
       "{}/s; visible {:.2f} s after the snapshot",
-      p.step, p.final_dir, options_.async ? "async" : "sync",
+      p.step, p.final_dir, options_.async() ? "async" : "sync",
       p.model_only ? fmt::format(", model only, {}", file_dtype_name(options_.export_dtype)) : "",
       p.stall_seconds, write_seconds, human_bytes(total),
       human_bytes(write_seconds > 0 ? total / write_seconds : 0.0), seconds_since(p.written_from));

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/checkpoint_options.h"
 #include "meshtrain/checkpoint/index.h"
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/data/loader.h"
@@ -18,29 +19,6 @@
 #include "meshtrain/optim/param_store.h"
 
 namespace meshtrain {
-
-// [checkpoint] with the folder resolved under [job] dump_folder.
-struct CheckpointOptions {
-  bool enable = false;
-  std::string folder;  // where step-N folders live
-  int64_t interval = 500;
-  int64_t keep_latest_k = 10;  // 0 = keep all
-  int64_t load_step = -1;      // -1 = the latest
-  std::string initial_load_path;
-  bool initial_load_model_only = true;
-  bool initial_load_in_hf = false;
-  bool last_save_model_only = true;
-  bool last_save_in_hf = false;
-  FileDType export_dtype = FileDType::kF32;
-  bool async = false;
-  // Parts of the state left at their fresh values: optimizer, lr_scheduler, dataloader,
-  // train_state.
-  std::vector<std::string> exclude_from_loading;
-  bool first_step = false;  // also save after step 1 (enable_first_step_checkpoint)
-  bool load_only = false;   // never save
-  // A failed save is logged and its partial folder removed; training goes on (else IoError).
-  bool continue_on_save_error = false;
-};
 
 // What the run is, for the index and the checks on resume.
 struct CheckpointRun {

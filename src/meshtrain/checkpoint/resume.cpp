@@ -1,6 +1,7 @@
 // CheckpointManager, the start-up side: which checkpoint (the folder's latest or load_step, else
 // initial_load_path), the same choice on every rank, the load, the parts excluded from loading,
-// the loader's position under the checkpoint's rule, and the startup summary line.
+// the loader's position under the checkpoint's rule, and the startup summary line; and the
+// options' list of excluded parts.
 #include <algorithm>
 #include <filesystem>
 
@@ -37,6 +38,21 @@ bool contains(const std::vector<std::string>& v, const char* x) {
 }
 
 }  // namespace
+
+std::vector<std::string> CheckpointOptions::excluded() const {
+  std::vector<std::string> parts;
+  size_t from = 0;
+  while (from <= exclude_from_loading.size()) {
+    size_t comma = exclude_from_loading.find(',', from);
+    if (comma == std::string::npos) comma = exclude_from_loading.size();
+    std::string part = exclude_from_loading.substr(from, comma - from);
+    part.erase(0, part.find_first_not_of(" \t"));
+    part.erase(part.find_last_not_of(" \t") + 1);
+    if (!part.empty()) parts.push_back(part);
+    from = comma + 1;
+  }
+  return parts;
+}
 
 void CheckpointManager::check_no_overwrite(int64_t from_step) const {
   for (int64_t s : list_checkpoints(options_.folder)) {
@@ -93,12 +109,12 @@ ResumePoint CheckpointManager::load_at_start() {
                "[checkpoint] load_step = {}: {} holds no complete checkpoint", options_.load_step,
                options_.folder);
     log_info("checkpoint: no checkpoint in {}; starting from step 0 (saving every {} steps{})",
-             options_.folder, options_.interval, options_.async ? ", async" : "");
+             options_.folder, options_.interval, options_.async() ? ", async" : "");
     check_no_overwrite(0);
     return rp;
   }
 
-  const std::vector<std::string>& ex = options_.exclude_from_loading;
+  const std::vector<std::string> ex = options_.excluded();
   if (hf) {
     const HfLoadStats st = load_hf_checkpoint(
         dir, HfContext{model_, plan_, store_, backend_, world_, loader_.seq_len()});

@@ -1,5 +1,6 @@
-// Element types and the one dtype-dispatch macro. bfloat16 is stored as its upper 16 bits of a
-// float32; float->bf16 rounds to nearest even (NaN stays NaN), bf16->float is exact.
+// Element types (the dtype switch of the kernels is core/dtype_dispatch.h). bfloat16 is stored as
+// its upper 16 bits of a float32; float->bf16 rounds to nearest even (NaN stays NaN), bf16->float
+// is exact.
 #pragma once
 
 #include <cstdint>
@@ -74,22 +75,3 @@ struct fmt::formatter<meshtrain::DType> : fmt::formatter<std::string_view> {
     return fmt::formatter<std::string_view>::format(meshtrain::dtype_name(d), ctx);
   }
 };
-
-// The one dtype switch for float kernels: runs BODY with `scalar_t` bound to float or double.
-// CPU reference kernels compute in float32 and float64 only; bf16 enters through cast ops.
-#define MT_DISPATCH_FLOAT(dtype, what, ...)                                           \
-  [&] {                                                                               \
-    switch (dtype) {                                                                  \
-      case ::meshtrain::DType::kF32: {                                                \
-        using scalar_t = float;                                                       \
-        return __VA_ARGS__();                                                         \
-      }                                                                               \
-      case ::meshtrain::DType::kF64: {                                                \
-        using scalar_t = double;                                                      \
-        return __VA_ARGS__();                                                         \
-      }                                                                               \
-      default:                                                                        \
-        MT_THROW(ValueError, "{}: expected dtype float32 or float64, found {}", what, \
-                 ::meshtrain::dtype_name(dtype));                                     \
-    }                                                                                 \
-  }()

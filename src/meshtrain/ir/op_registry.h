@@ -124,6 +124,22 @@ struct KernelContext {
   }
 };
 
+// A kernel's tensors as typed pointers, for every backend's kernels (the op layer has checked
+// their dtypes): inputs, outputs, and persistent inputs a kernel updates in place (accumulate,
+// optimizer updates).
+template <typename T>
+const T* in_ptr(const KernelContext& c, int i) {
+  return static_cast<const T*>(c.in.at(size_t(i)).raw());
+}
+template <typename T>
+T* out_ptr(const KernelContext& c, int i) {
+  return static_cast<T*>(c.out.at(size_t(i)).raw());
+}
+template <typename T>
+T* inout_ptr(const KernelContext& c, int i) {
+  return static_cast<T*>(c.in.at(size_t(i)).raw());
+}
+
 using KernelFn = std::function<void(KernelContext&)>;
 // Runs once when the executor prepares the graph; returns the function called every step.
 using KernelFactory = std::function<KernelFn(const Node& node, const Graph& graph)>;

@@ -529,21 +529,6 @@ ConfigValues job_config_to_values(const JobConfig& cfg) {
   return v;
 }
 
-std::vector<std::string> CheckpointSection::excluded() const {
-  std::vector<std::string> parts;
-  size_t from = 0;
-  while (from <= exclude_from_loading.size()) {
-    size_t comma = exclude_from_loading.find(',', from);
-    if (comma == std::string::npos) comma = exclude_from_loading.size();
-    std::string part = exclude_from_loading.substr(from, comma - from);
-    part.erase(0, part.find_first_not_of(" \t"));
-    part.erase(part.find_last_not_of(" \t") + 1);
-    if (!part.empty()) parts.push_back(part);
-    from = comma + 1;
-  }
-  return parts;
-}
-
 namespace {
 void validate_checkpoint(const CheckpointSection& k) {
   MT_CHECK_T(ConfigError, k.keep_latest_k != 1,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/checkpoint/checkpoint_options.h"
 #include "meshtrain/checkpoint/file_dtype.h"
 #include "meshtrain/core/config.h"
 #include "meshtrain/core/dtype.h"
@@ -45,8 +46,7 @@ struct SelectiveAcOption {
 };
 std::string selective_ac_option_name(const SelectiveAcOption& o);
 const char* graph_passes_name(BucketMode m);  // [compile] graph_passes (the enum is graph/'s)
-enum class CheckpointAsync : uint8_t { kDisabled, kAsync, kAsyncWithPinnedMem };
-const char* checkpoint_async_name(CheckpointAsync a);  // [checkpoint] async_mode
+const char* checkpoint_async_name(CheckpointAsync a);  // [checkpoint] async_mode (checkpoint/'s)
 
 struct JobSection {
   std::string dump_folder = "./outputs";
@@ -205,30 +205,9 @@ struct CommSection {
   int64_t train_timeout_seconds = 100;
 };
 
-// [checkpoint]: torchtitan's keys and defaults (checkpoint/manager.h has the policy).
-struct CheckpointSection {
-  bool enable = false;
-  std::string folder = "checkpoint";  // under [job] dump_folder
-  int64_t interval = 500;
-  int64_t keep_latest_k = 10;  // 0 = keep all; 1 is refused (the latest may be mid-save)
-  int64_t load_step = -1;      // -1 = the latest
-  std::string initial_load_path;
-  bool initial_load_model_only = true;
-  bool initial_load_in_hf = false;
-  bool last_save_model_only = true;
-  bool last_save_in_hf = false;
-  FileDType export_dtype = FileDType::kF32;  // float16 | bfloat16 | float32
-  // disabled | async | async_with_pinned_mem (= async)
-  CheckpointAsync async_mode = CheckpointAsync::kDisabled;
-  // Comma-separated: optimizer, lr_scheduler, dataloader, train_state.
-  std::string exclude_from_loading;
-  std::vector<std::string> excluded() const;
-  bool enable_first_step_checkpoint = false;  // also save right after step 1
-  bool load_only = false;                     // resume/load as usual, never save
-  // A failed save (ENOSPC, EIO, ...): false = stop the run; true = log it, remove the partial
-  // save, keep training and save again at the next interval.
-  bool continue_on_save_error = false;
-};
+// [checkpoint]: torchtitan's keys and defaults, the manager's options themselves
+// (checkpoint/checkpoint_options.h; checkpoint/manager.h has the policy).
+using CheckpointSection = CheckpointOptions;
 
 struct JobConfig {
   JobSection job;

@@ -59,9 +59,12 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   mo.router_zero_init = cfg.model.router_zero_init;
   mo.attention_kernel = cfg.model.attention_backend;
   mo.mtp_layers = int(cfg.model.mtp_layers);
-  sg->model = cfg.model.hf_config.empty()
-                  ? create_model(mo)
-                  : create_model_from_hf(read_hf_config(cfg.model.hf_config), mo);
+  if (o.make_model)
+    sg->model = o.make_model();
+  else if (cfg.model.hf_config.empty())
+    sg->model = create_model(mo);
+  else
+    sg->model = create_model_from_hf(read_hf_config(cfg.model.hf_config), mo);
   check_mtp_layers(cfg.model, *sg->model);
   sg->plan = std::make_unique<ParallelPlan>(
       PlanConfig{

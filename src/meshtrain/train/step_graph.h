@@ -5,6 +5,7 @@
 // dump that both commands share live here too.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -51,6 +52,9 @@ struct StepGraphOptions {
   // One micro-batch per optimizer step: gradients are written, not accumulated, and the
   // optimizer leaves them as they are (AdamWParams::reset_grad false).
   bool overwrite_grads = false;
+  // Builds the model instead of [model] (tests that train a model from explicit arguments); empty:
+  // the model is [model]'s flavor.
+  std::function<std::unique_ptr<Model>()> make_model;
 };
 
 // [parallelism] degrees as ParallelDims for a world of `world` ranks (not yet validated).

@@ -270,23 +270,8 @@ void Trainer::make_validator() {
 }
 
 void Trainer::start_checkpointing(const ParallelDims& dims) {
-  const CheckpointSection& k = cfg_.checkpoint;
-  CheckpointOptions o{.enable = k.enable,
-                      .folder = (std::filesystem::path(dump_folder()) / k.folder).string(),
-                      .interval = k.interval,
-                      .keep_latest_k = k.keep_latest_k,
-                      .load_step = k.load_step,
-                      .initial_load_path = k.initial_load_path,
-                      .initial_load_model_only = k.initial_load_model_only,
-                      .initial_load_in_hf = k.initial_load_in_hf,
-                      .last_save_model_only = k.last_save_model_only,
-                      .last_save_in_hf = k.last_save_in_hf,
-                      .export_dtype = k.export_dtype,
-                      .async = k.async_mode != CheckpointAsync::kDisabled,
-                      .exclude_from_loading = k.excluded(),
-                      .first_step = k.enable_first_step_checkpoint,
-                      .load_only = k.load_only,
-                      .continue_on_save_error = k.continue_on_save_error};
+  CheckpointOptions o = cfg_.checkpoint;  // [checkpoint], its folder under [job] dump_folder
+  o.folder = (std::filesystem::path(dump_folder()) / o.folder).string();
   CheckpointRun run{.config_toml = job_config_to_values(cfg_).to_toml(),
                     .layout = MeshDegrees{dims.world, dims.dp_replicate, dims.dp_shard, dims.cp,
                                           dims.tp, dims.ep, dims.etp},

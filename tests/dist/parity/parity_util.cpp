@@ -6,41 +6,9 @@
 namespace meshtrain::testing {
 
 JobConfig harness_job(int steps, const std::vector<std::vector<std::string>>& overrides) {
-  std::vector<std::string> all = {"--job.device",
-                                  "cpu",
-                                  "--model.flavor",
-                                  "tiny",
-                                  "--training.seq_len",
-                                  "32",
-                                  "--training.steps",
-                                  std::to_string(steps),
-                                  "--training.seed",
-                                  "3",
-                                  "--optimizer.lr",
-                                  "3e-3",
-                                  "--lr_scheduler.warmup_steps",
-                                  "3",
-                                  "--metrics.enable_jsonl",
-                                  "false",
-                                  "--job.dump_folder",
-                                  "/tmp/meshtrain_parity"};
-  for (const auto& o : overrides) all.insert(all.end(), o.begin(), o.end());
-  return parse_job_config("", all);
-}
-
-RunResult run_steps(Trainer& t, int steps) {
-  RunResult r;
-  for (int s = 0; s < steps; ++s) {
-    StepRecord rec = t.step();
-    r.loss.push_back(rec.loss);
-    r.grad_norm.push_back(rec.grad_norm);
-    r.mtp_loss.push_back(rec.mtp_losses);
-    r.expert_exchanges += rec.expert_exchanges;
-    r.expert_overflows += rec.expert_overflows;
-    r.padded_replays += rec.padded_replayed;
-  }
-  t.wait_for_checkpoint();
-  return r;
+  return tiny_job_config(
+      {.steps = steps, .seed = 3, .warmup_steps = 3, .dump_folder = "/tmp/meshtrain_parity"},
+      overrides);
 }
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }

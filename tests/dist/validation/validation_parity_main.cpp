@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tiny_job.h"
 #include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/train/validator.h"
@@ -22,39 +23,24 @@ struct Options {
   std::vector<std::string> overrides;
 };
 
+// The tiny job (common/tiny_job.h) with seed 5, warmup 1 and a validation pass after every step.
 JobConfig job(const Options& o, const std::vector<std::string>& extra) {
-  std::vector<std::string> all = {"--job.device",
-                                  "cpu",
-                                  "--model.flavor",
-                                  "tiny",
-                                  "--training.seq_len",
-                                  "32",
-                                  "--training.steps",
-                                  std::to_string(o.steps),
-                                  "--training.seed",
-                                  "5",
-                                  "--optimizer.lr",
-                                  "3e-3",
-                                  "--lr_scheduler.warmup_steps",
-                                  "1",
-                                  "--metrics.enable_jsonl",
-                                  "false",
-                                  "--job.dump_folder",
-                                  "/tmp/meshtrain_validation_parity",
-                                  "--validation.enable",
-                                  "--validation.dataset",
-                                  "text",
-                                  "--validation.dataset_path",
-                                  "/usr/share/games/fortunes/computers",
-                                  "--validation.seq_len",
-                                  "24",
-                                  "--validation.steps",
-                                  "2",
-                                  "--validation.freq",
-                                  "1"};
-  all.insert(all.end(), o.overrides.begin(), o.overrides.end());
-  all.insert(all.end(), extra.begin(), extra.end());
-  return parse_job_config("", all);
+  const std::vector<std::string> validation = {"--validation.enable",
+                                               "--validation.dataset",
+                                               "text",
+                                               "--validation.dataset_path",
+                                               "/usr/share/games/fortunes/computers",
+                                               "--validation.seq_len",
+                                               "24",
+                                               "--validation.steps",
+                                               "2",
+                                               "--validation.freq",
+                                               "1"};
+  return testing::tiny_job_config({.steps = o.steps,
+                                   .seed = 5,
+                                   .warmup_steps = 1,
+                                   .dump_folder = "/tmp/meshtrain_validation_parity"},
+                                  {validation, o.overrides, extra});
 }
 
 // Per pass: the main loss, then each multi-token-prediction depth's.

@@ -2,27 +2,13 @@
 // groups are validated against the buffer first, since their counts are data.
 #include "meshtrain/moe/grouped_matmul.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 
+#include "meshtrain/ops/cpu/cpu_blas.h"
 #include "meshtrain/ops/cpu/cpu_kernel.h"
 
 namespace meshtrain::cpu {
 namespace {
-
-template <typename T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T* c, int64_t ldc) {
-  auto TA = ta ? CblasTrans : CblasNoTrans;
-  auto TB = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f,
-                c, int(ldc));
-  else
-    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0,
-                c, int(ldc));
-}
 
 template <typename T>
 void grouped(const T* x, const T* w, const int32_t* g, T* y, int64_t e, int64_t rows, int64_t k,

@@ -3,11 +3,10 @@
 // dk/dv accumulate over row blocks and GQA heads in a fixed order (deterministic).
 #include "meshtrain/ops/attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/ops/cpu/cpu_blas.h"
 #include "meshtrain/ops/cpu/cpu_kernel.h"
 
 namespace meshtrain::cpu {
@@ -24,20 +23,6 @@ size_t tile_bytes(const TensorMeta& q) {
   const int64_t s = q.shape[1];
   const size_t elem = dtype_size(q.dtype == DType::kF64 ? DType::kF64 : DType::kF32);
   return size_t(std::min(s, kRowBlock) * s) * elem;
-}
-
-// C = alpha op(A) op(B) + beta C, row-major with explicit leading dims.
-template <typename T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  auto TA = ta ? CblasTrans : CblasNoTrans;
-  auto TB = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb),
-                beta, c, int(ldc));
-  else
-    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb),
-                beta, c, int(ldc));
 }
 
 // Pointers to the (b, h) slice of each tensor and their row strides.

@@ -2,29 +2,13 @@
 // every GPU GEMM is tested against.
 #include "meshtrain/ops/matmul.h"
 
-#include <cblas.h>
-
 #include <vector>
 
+#include "meshtrain/ops/cpu/cpu_blas.h"
 #include "meshtrain/ops/cpu/cpu_kernel.h"
 
 namespace meshtrain::cpu {
 namespace {
-
-// C = op(A) op(B) + beta C (beta 0 or 1).
-template <typename T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T* c, int64_t ldc, T beta = T(0)) {
-  if (m == 0 || n == 0) return;
-  auto TA = ta ? CblasTrans : CblasNoTrans;
-  auto TB = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), beta,
-                c, int(ldc));
-  else
-    cblas_dgemm(CblasRowMajor, TA, TB, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), beta,
-                c, int(ldc));
-}
 
 // bf16 operands widened to float32 (exact), for the float32 destination of matmul_accumulate:
 // the reference of the CUDA kernel (fp32 products and sums, no bf16 rounding of the result).
@@ -41,6 +25,7 @@ MT_REGISTER_OPS {
     TensorMeta am{c.in[0].shape(), c.in[0].dtype()}, bm{c.in[1].shape(), c.in[1].dtype()};
     ops::MatmulDims d = ops::matmul_dims(am, bm, ta, tb);
     MT_DISPATCH_FLOAT(c.out[0].dtype(), "matmul", [&] {
+      if (d.m == 0 || d.n == 0) return;
       if (d.k == 0) {
         std::fill_n(out_ptr<scalar_t>(c, 0), d.m * d.n, scalar_t(0));
         return;
@@ -55,6 +40,7 @@ MT_REGISTER_OPS {
     const TensorMeta dm{c.in[0].shape(), c.in[0].dtype()};
     const TensorMeta am{c.in[1].shape(), c.in[1].dtype()}, bm{c.in[2].shape(), c.in[2].dtype()};
     const ops::MatmulDims d = ops::matmul_accumulate_dims(dm, am, bm, ta, tb);
+    if (d.m == 0 || d.n == 0) return;
     if (am.dtype == DType::kBF16) {
       float* dst = inout_ptr<float>(c, 0);
       if (d.k == 0) {
@@ -62,8 +48,8 @@ MT_REGISTER_OPS {
         return;
       }
       const std::vector<float> a = widened(c.in[1]), b = widened(c.in[2]);
-      gemm<float>(ta, tb, d.m, d.n, d.k, a.data(), am.shape.last(), b.data(), bm.shape.last(), dst,
-                  d.n, overwrite ? 0.0f : 1.0f);
+      gemm<float>(ta, tb, d.m, d.n, d.k, 1.0f, a.data(), am.shape.last(), b.data(),
+                  bm.shape.last(), overwrite ? 0.0f : 1.0f, dst, d.n);
       return;
     }
     MT_DISPATCH_FLOAT(dm.dtype, "matmul_accumulate", [&] {
@@ -72,9 +58,9 @@ MT_REGISTER_OPS {
         if (overwrite) std::fill_n(dst, d.m * d.n, scalar_t(0));
         return;
       }
-      gemm<scalar_t>(ta, tb, d.m, d.n, d.k, in_ptr<scalar_t>(c, 1), am.shape.last(),
-                     in_ptr<scalar_t>(c, 2), bm.shape.last(), dst, d.n,
-                     overwrite ? scalar_t(0) : scalar_t(1));
+      gemm<scalar_t>(ta, tb, d.m, d.n, d.k, scalar_t(1), in_ptr<scalar_t>(c, 1), am.shape.last(),
+                     in_ptr<scalar_t>(c, 2), bm.shape.last(), overwrite ? scalar_t(0) : scalar_t(1),
+                     dst, d.n);
     });
   });
 }

@@ -100,15 +100,7 @@ __global__ void __launch_bounds__(256, 1) dkdv_kernel(const BwdParams p) {
   const uint32_t sk = smem_addr(sK), sv = smem_addr(sV), sp = smem_addr(sP), sds = smem_addr(sdS);
 
   for (int t = 0; t < total; ++t) {
-    const int st = t & 1;
-    if (t + 1 < total) {
-      prefetch(t + 1, st ^ 1);  // that stage was last read before the previous end barrier
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const int st = pipeline_next_stage(t, total, prefetch);
     const int m0 = (i_start + t % nq) * BM;
     const uint32_t sq = smem_addr(sQ + st * BM * DQK), sdo = smem_addr(sdO + st * BM * DV);
 

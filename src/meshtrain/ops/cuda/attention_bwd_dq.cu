@@ -72,8 +72,11 @@ __global__ void __launch_bounds__(BM * 2, 1) dq_kernel(const BwdParams p, int nu
   load_tile<BM, DV, kThreads>(sdO, p.dout + (int64_t(b) * S + m0) * ldo + int64_t(h) * DV, ldo,
                               S - m0, tid);
   cp_async_commit();
-  load_tile<BN, DQK, kThreads>(sK, k, ldk, S, tid);
-  load_tile<BN, DV, kThreads>(sV, v, ldv, S, tid);
+  auto load_kv = [&](int jt, int stage) {
+    load_kv_tiles<BN, DQK, DV, kThreads>(sK + stage * BN * DQK, sV + stage * BN * DV, k, v, ldk,
+                                         ldv, jt * BN, S, tid);
+  };
+  load_kv(0, 0);
   cp_async_commit();
 
   // This lane's two rows; rows past the end use lse = delta = 0 and are never stored.
@@ -100,18 +103,7 @@ __global__ void __launch_bounds__(BM * 2, 1) dq_kernel(const BwdParams p, int nu
   const int kv_end = p.causal ? min(S, m0 + BM) : S;
   const int n_tiles = (kv_end + BN - 1) / BN;
   for (int jt = 0; jt < n_tiles; ++jt) {
-    const int st = jt & 1, n0 = jt * BN;
-    if (jt + 1 < n_tiles) {
-      load_tile<BN, DQK, kThreads>(sK + (st ^ 1) * BN * DQK, k + int64_t(n0 + BN) * ldk, ldk,
-                                   S - n0 - BN, tid);
-      load_tile<BN, DV, kThreads>(sV + (st ^ 1) * BN * DV, v + int64_t(n0 + BN) * ldv, ldv,
-                                  S - n0 - BN, tid);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const int st = pipeline_next_stage(jt, n_tiles, load_kv), n0 = jt * BN;
     const uint32_t sk = smem_addr(sK + st * BN * DQK), sv = smem_addr(sV + st * BN * DV);
 
     float sc[NT][4], dp[NT][4];

@@ -53,10 +53,13 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fwd_kernel(const FwdPa
   const int kv_end = p.causal ? min(S, m0 + BM) : S;
   const int n_tiles = (kv_end + BN - 1) / BN;
 
+  auto load_kv = [&](int jt, int stage) {
+    load_kv_tiles<BN, DQK, DV, kThreads>(sK + stage * BN * DQK, sV + stage * BN * DV, k, v, ldk,
+                                         ldv, jt * BN, S, tid);
+  };
   load_tile<BM, DQK, kThreads>(sQ, q, ldq, S - m0, tid);
   cp_async_commit();
-  load_tile<BN, DQK, kThreads>(sK, k, ldk, S, tid);
-  load_tile<BN, DV, kThreads>(sV, v, ldv, S, tid);
+  load_kv(0, 0);
   cp_async_commit();
 
   float acc[MT][OT][4];
@@ -79,19 +82,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fwd_kernel(const FwdPa
   const uint32_t sq = smem_addr(sQ);
 
   for (int jt = 0; jt < n_tiles; ++jt) {
-    const int st = jt & 1, n0 = jt * BN;
-    if (jt + 1 < n_tiles) {
-      // The other stage was last read in iteration jt-1, which ended with a barrier.
-      load_tile<BN, DQK, kThreads>(sK + (st ^ 1) * BN * DQK, k + int64_t(n0 + BN) * ldk, ldk,
-                                   S - n0 - BN, tid);
-      load_tile<BN, DV, kThreads>(sV + (st ^ 1) * BN * DV, v + int64_t(n0 + BN) * ldv, ldv,
-                                  S - n0 - BN, tid);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const int st = pipeline_next_stage(jt, n_tiles, load_kv), n0 = jt * BN;
     const uint32_t tk = smem_addr(sK + st * BN * DQK), tv = smem_addr(sV + st * BN * DV);
 
     // S = Q K^T for this warp's rows and all BN keys.

@@ -100,6 +100,34 @@ __device__ __forceinline__ void store_tile(bf16* gmem, int64_t ld, const bf16* s
   }
 }
 
+// Loads keys/values [n0, n0 + BN) of one head (k, v: its row 0, row strides ldk, ldv) into one
+// stage of the [BN][DQK] K and [BN][DV] V tiles; rows >= S are zero-filled.
+template <int BN, int DQK, int DV, int THREADS>
+__device__ __forceinline__ void load_kv_tiles(bf16* sK, bf16* sV, const bf16* k, const bf16* v,
+                                              int64_t ldk, int64_t ldv, int n0, int S, int tid) {
+  load_tile<BN, DQK, THREADS>(sK, k + int64_t(n0) * ldk, ldk, S - n0, tid);
+  load_tile<BN, DV, THREADS>(sV, v + int64_t(n0) * ldv, ldv, S - n0, tid);
+}
+
+// One iteration's head of the two-stage cp.async pipeline the attention kernels run over their
+// tiles (tile it of n lives in stage it & 1, tile 0 already issued and committed): unless tile it
+// is the last, load_next(it + 1, stage) issues the next tile's copies into the other stage, which
+// was last read in iteration it - 1 (ended by a barrier), and commits them; then the CTA waits for
+// tile it and syncs. Returns tile it's stage.
+template <typename LoadNext>
+__device__ __forceinline__ int pipeline_next_stage(int it, int n, LoadNext&& load_next) {
+  const int st = it & 1;
+  if (it + 1 < n) {
+    load_next(it + 1, st ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+  return st;
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

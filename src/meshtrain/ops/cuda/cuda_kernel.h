@@ -1,8 +1,8 @@
-// Helpers shared by the CUDA kernels (included by the .cu files of ops/cuda/ and moe/cuda/
-// only): typed pointers from a KernelContext, the stream, launch sizing, the device scalar types
-// behind DType, float conversions, block reductions, and a device-side check that survives
-// NDEBUG. Rule: kernels compute in float (double for float64 tensors) and round once, when they
-// store.
+// Helpers shared by the CUDA kernels (included by the .cu files of ops/cuda/ and moe/cuda/ only):
+// the stream, launch sizing, the device scalar types behind DType, float conversions, block
+// reductions, and a device-side check that survives NDEBUG (typed pointers from a KernelContext
+// are ir/op_registry.h's). Rule: kernels compute in float (double for float64 tensors) and round
+// once, when they store.
 #pragma once
 
 // MT_DEVICE_CHECK calls __assert_fail, which glibc's <assert.h> declares only without NDEBUG
@@ -21,7 +21,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "meshtrain/core/dtype_dispatch.h"
 #include "meshtrain/ir/op_registry.h"
 #include "meshtrain/runtime/cuda/cuda_backend.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
@@ -30,19 +32,6 @@ namespace meshtrain::cuda {
 
 using bf16 = __nv_bfloat16;
 
-template <typename T>
-const T* in_ptr(const KernelContext& c, int i) {
-  return static_cast<const T*>(c.in.at(size_t(i)).raw());
-}
-template <typename T>
-T* out_ptr(const KernelContext& c, int i) {
-  return static_cast<T*>(c.out.at(size_t(i)).raw());
-}
-// Persistent inputs a kernel updates in place (accumulate, optimizer updates).
-template <typename T>
-T* inout_ptr(const KernelContext& c, int i) {
-  return static_cast<T*>(c.in.at(size_t(i)).raw());
-}
 inline cudaStream_t stream_of(const KernelContext& c) { return native_stream(*c.stream); }
 
 // `workspace` sizes the scratch the kernel reads as KernelContext::workspace (empty: none).
@@ -82,33 +71,17 @@ __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
 __device__ __forceinline__ float to_acc(bf16 x) { return __bfloat162float(x); }
 
-template <typename T>
-__device__ __forceinline__ T from_acc(float x);
-template <>
-__device__ __forceinline__ float from_acc<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ double from_acc<double>(float x) {
-  return double(x);
-}
-template <>
-__device__ __forceinline__ bf16 from_acc<bf16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_acc(double x);
-template <>
-__device__ __forceinline__ double from_acc<double>(double x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ float from_acc<float>(double x) {
-  return float(x);
-}
-template <>
-__device__ __forceinline__ bf16 from_acc<bf16>(double x) {
-  return __float2bfloat16_rn(float(x));
+// An accumulator (float or double) rounded once to the storage type T (float, double or bf16).
+template <typename T, typename A>
+__device__ __forceinline__ T from_acc(A x) {
+  static_assert(std::is_same_v<A, float> || std::is_same_v<A, double>,
+                "accumulators are float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>,
+                "storage types are float, double or bf16");
+  if constexpr (std::is_same_v<T, bf16>)
+    return __float2bfloat16_rn(float(x));
+  else
+    return T(x);
 }
 
 // Sum over a block whose size is a multiple of 32 (at most 1024). Every thread gets the result.
@@ -146,26 +119,9 @@ __device__ A block_sum(A v) {
     if (!(cond)) __assert_fail(msg, __FILE__, __LINE__, __func__); \
   } while (0)
 
-// Runs BODY with scalar_t bound to the device type of a floating DType (float, double, bf16).
-#define MT_DISPATCH_CUDA_FLOAT(dtype, what, ...)                                                 \
-  [&] {                                                                                          \
-    switch (dtype) {                                                                             \
-      case ::meshtrain::DType::kF32: {                                                           \
-        using scalar_t = float;                                                                  \
-        return __VA_ARGS__();                                                                    \
-      }                                                                                          \
-      case ::meshtrain::DType::kF64: {                                                           \
-        using scalar_t = double;                                                                 \
-        return __VA_ARGS__();                                                                    \
-      }                                                                                          \
-      case ::meshtrain::DType::kBF16: {                                                          \
-        using scalar_t = ::meshtrain::cuda::bf16;                                                \
-        return __VA_ARGS__();                                                                    \
-      }                                                                                          \
-      default:                                                                                   \
-        MT_THROW(ValueError, "{} (cuda): expected float32, float64 or bfloat16, found {}", what, \
-                 ::meshtrain::dtype_name(dtype));                                                \
-    }                                                                                            \
-  }()
+// Runs BODY with scalar_t bound to the device type of a floating DType (float, double, bf16):
+// the one dtype switch (core/dtype_dispatch.h) with bf16 allowed; `what` is a string literal.
+#define MT_DISPATCH_CUDA_FLOAT(dtype, what, ...) \
+  MT_DISPATCH_FLOAT_TYPES(dtype, what " (cuda)", ::meshtrain::cuda::bf16, __VA_ARGS__)
 
 }  // namespace meshtrain::cuda
