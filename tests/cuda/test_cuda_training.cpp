@@ -6,7 +6,10 @@
 //   - the bfloat16 run (bf16 weights and activations, fp32 master weights and moments) tracks the
 //     float32 CUDA run for 50 steps: every step's loss and the mean relative difference over the
 //     50 steps within the model's TrackingBar, and both runs' losses fall;
-//   - a DeepSeek-V3 checkpoint saved asynchronously on the GPU resumes there and loads on the CPU.
+//   - a DeepSeek-V3 checkpoint saved asynchronously on the GPU resumes there and loads on the CPU;
+//   - bf16 compute copies (written by the optimizer) are bitwise the cast path ([training]
+//     compute_weight_copies = false): losses, norms and masters over 6 steps, a resume from a
+//     cast-path checkpoint and a start from its HF weights.
 // The corpus is the repository's own documentation (the `text` dataset), so the test needs no
 // package that a GPU machine may lack: $MESHTRAIN_SOURCE_DIR (set by ctest), else the working
 // directory, must hold ARCHITECTURE.md.
@@ -19,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "meshtrain/launch/bootstrap.h"
 #include "meshtrain/train/job_config.h"
 #include "meshtrain/train/trainer.h"
@@ -221,6 +225,120 @@ TEST(CudaTraining, DeepSeekV3CheckpointResumesOnGpuAndLoadsOnCpu) {
                                      root + "/c", "--checkpoint.initial_load_path", step4})),
               runtime());
   EXPECT_TRUE(masters_of(cpu) == at4) << "the masters loaded on the CPU differ from those saved";
+}
+
+const std::vector<std::string> kCastPath = {"--training.compute_weight_copies", "false"};
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Every bf16 compute copy equals the cast of its float32 master (round to nearest even), bit for
+// bit.
+void expect_copies_follow_masters(const Trainer& t, const std::string& when) {
+  Backend& be = cudatest::cuda_backend();
+  int copies = 0;
+  for (const ParamInfo& p : t.plan().params()) {
+    if (p.compute == kNoValue) continue;
+    ++copies;
+    const Tensor m = t.params().master_to_host(p.name);
+    const Tensor c = cudatest::to_host(be, t.params().compute_copy(p.name));
+    ASSERT_EQ(c.dtype(), DType::kBF16) << p.name;
+    for (int64_t i = 0; i < m.numel(); ++i)
+      if (c.data<BFloat16>()[i].bits != BFloat16(m.data<float>()[i]).bits) {
+        ADD_FAILURE() << when << ": " << p.name << "[" << i << "] copy "
+                      << float(c.data<BFloat16>()[i]) << ", master " << m.data<float>()[i];
+        return;
+      }
+  }
+  EXPECT_GT(copies, 0) << when;
+}
+
+void expect_same_steps(const std::vector<StepRecord>& a, const std::vector<StepRecord>& b,
+                       size_t b_from, const std::string& what) {
+  ASSERT_LE(a.size() + b_from, b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].loss, b[i + b_from].loss) << what << " step " << i + b_from + 1;
+    EXPECT_EQ(a[i].grad_norm, b[i + b_from].grad_norm) << what << " step " << i + b_from + 1;
+  }
+}
+
+void expect_copies_are_the_cast_path(const std::string& model) {
+  const int steps = 6;
+  std::vector<StepRecord> copies, cast;
+  std::vector<std::vector<float>> with_copies, with_casts;
+  {
+    Trainer t(debug_job(model, "cuda", steps, kBf16), runtime());
+    EXPECT_TRUE(t.params().has_compute_copies());
+    expect_copies_follow_masters(t, model + " at start-up");
+    for (int i = 0; i < steps; ++i) {
+      copies.push_back(t.step());
+      expect_copies_follow_masters(t, fmt::format("{} after step {}", model, i + 1));
+    }
+    with_copies = masters_of(t);
+  }
+  {
+    Trainer t(debug_job(model, "cuda", steps, cat(kBf16, kCastPath)), runtime());
+    EXPECT_FALSE(t.params().has_compute_copies());
+    for (int i = 0; i < steps; ++i) cast.push_back(t.step());
+    with_casts = masters_of(t);
+  }
+  expect_same_steps(copies, cast, 0, model + " copies vs casts");
+  EXPECT_TRUE(with_copies == with_casts)
+      << model << ": the masters differ after " << steps << " steps";
+}
+
+TEST(CudaTraining, Llama3DebugBf16ComputeCopiesAreBitwiseTheCastPath) {
+  expect_copies_are_the_cast_path("llama3");
+}
+
+TEST(CudaTraining, DeepSeekV3DebugBf16ComputeCopiesAreBitwiseTheCastPath) {
+  expect_copies_are_the_cast_path("deepseek_v3");
+}
+
+// The cast path saves step 4 (full) and its final weights in HF layout (step 6); with compute
+// copies, a resume from step 4 repeats its steps 5 and 6, and a start from the HF weights repeats
+// the cast path's start from them: the copies were cast from the loaded masters.
+TEST(CudaTraining, DeepSeekV3Bf16CopiesResumeAndLoadHfAsTheCastPath) {
+  const std::string root = "/tmp/meshtrain_cuda_copies";
+  std::filesystem::remove_all(root);
+  std::vector<StepRecord> whole;
+  {
+    Trainer t(
+        debug_job("deepseek_v3", "cuda", 6,
+                  cat(cat(kBf16, kCastPath),
+                      {"--job.dump_folder", root + "/a", "--checkpoint.enable", "true",
+                       "--checkpoint.interval", "4", "--checkpoint.last_save_in_hf", "true"})),
+        runtime());
+    for (int i = 0; i < 6; ++i) whole.push_back(t.step());
+    t.wait_for_checkpoint();
+  }
+  {
+    Trainer t(debug_job("deepseek_v3", "cuda", 6,
+                        cat(kBf16, {"--job.dump_folder", root + "/b", "--checkpoint.enable", "true",
+                                    "--checkpoint.initial_load_path", root + "/a/checkpoint/step-4",
+                                    "--checkpoint.initial_load_model_only", "false"})),
+              runtime());
+    ASSERT_EQ(t.resumed().step, 4);
+    expect_copies_follow_masters(t, "after the resume");
+    std::vector<StepRecord> rest;
+    for (int i = 4; i < 6; ++i) rest.push_back(t.step());
+    expect_same_steps(rest, whole, 4, "resumed with copies");
+  }
+  std::vector<StepRecord> from_hf[2];
+  for (int k = 0; k < 2; ++k) {
+    Trainer t(
+        debug_job("deepseek_v3", "cuda", 3,
+                  cat(cat(kBf16, k ? kCastPath : std::vector<std::string>{}),
+                      {"--job.dump_folder", root + (k ? "/d" : "/c"), "--checkpoint.enable", "true",
+                       "--checkpoint.initial_load_path", root + "/a/checkpoint/step-6",
+                       "--checkpoint.initial_load_in_hf", "true"})),
+        runtime());
+    if (k == 0) expect_copies_follow_masters(t, "after the HF load");
+    for (int i = 0; i < 3; ++i) from_hf[k].push_back(t.step());
+  }
+  expect_same_steps(from_hf[0], from_hf[1], 0, "HF load, copies vs casts");
 }
 
 }  // namespace

@@ -74,6 +74,8 @@ HfLoadReport load_hf_into_store(const std::string& folder, const HfRunContext& r
     }
     ++rep.tensors;
   }
+  // The masters changed under the compute copies: they are cast again before the next step.
+  run.store.masters_written();
   rep.bytes_read = hf.bytes_read();
   rep.files = hf.files();
   return rep;

@@ -172,6 +172,8 @@ LoadStats load_checkpoint_tensors(const std::string& dir, const CheckpointIndex&
       stream.synchronize();
     }
   }
+  // The masters changed under the compute copies: they are cast again before the next step.
+  store.masters_written();
   for (const auto& [name, r] : readers) st.bytes_read += r->bytes_read();
   st.files_read = int(readers.size());
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

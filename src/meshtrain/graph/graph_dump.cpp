@@ -62,11 +62,16 @@ std::string summary_text(const GraphSection& sec) {
   for (auto [phase, n] : s.nodes) phases.push_back(fmt::format("{} {}", node_phase_name(phase), n));
   std::string out = fmt::format("== {}: {} nodes scheduled ({}), {} values\n", sec.title,
                                 mp.schedule.size(), fmt::join(phases, ", "), g.num_values());
+  const std::string copies =
+      mp.compute_copy_bytes > 0
+          ? fmt::format(", compute copies {}", human_bytes(mp.compute_copy_bytes))
+          : "";
   out += fmt::format(
-      "memory: arena {} (live peak {}), inputs {}; persistent: parameters {}, gradients {}, state "
-      "{}\n",
+      "memory: arena {} (live peak {}), inputs {}; persistent: parameters {}{}, gradients {}, "
+      "state {}\n",
       human_bytes(mp.arena_bytes), human_bytes(mp.live_peak_bytes), human_bytes(mp.input_bytes),
-      human_bytes(mp.parameter_bytes), human_bytes(mp.gradient_bytes), human_bytes(mp.state_bytes));
+      human_bytes(mp.parameter_bytes), copies, human_bytes(mp.gradient_bytes),
+      human_bytes(mp.state_bytes));
   std::vector<std::string> streams;
   for (const auto& [st, what] : s.streams) streams.push_back(fmt::format("s{} {}", st, what));
   out += fmt::format("streams: {}\n", fmt::join(streams, ", "));

@@ -103,6 +103,10 @@ MemoryPlan plan_memory(const Graph& graph, DeviceType device) {
         plan.state_bytes += bytes;
         plan.region[v] = MemRegion::kPersistent;
         break;
+      case ValueRole::kComputeCopy:
+        plan.compute_copy_bytes += bytes;
+        plan.region[v] = MemRegion::kPersistent;
+        break;
       case ValueRole::kInput:
         plan.region[v] = MemRegion::kInput;
         plan.offset[v] = plan.input_bytes;
@@ -153,10 +157,14 @@ MemoryPlan plan_memory(const Graph& graph, DeviceType device) {
 }
 
 std::string MemoryPlan::summary() const {
+  // The compute copies are named only where they exist (mixed precision), so float32 runs keep
+  // their line.
+  const std::string copies =
+      compute_copy_bytes > 0 ? fmt::format(" + compute copies {}", gib(compute_copy_bytes)) : "";
   return fmt::format(
-      "parameters {}, gradients {}, other state {}, activations {} (live peak {}), inputs "
+      "parameters {}{}, gradients {}, other state {}, activations {} (live peak {}), inputs "
       "{}; total {}",
-      gib(parameter_bytes), gib(gradient_bytes), gib(state_bytes), gib(arena_bytes),
+      gib(parameter_bytes), copies, gib(gradient_bytes), gib(state_bytes), gib(arena_bytes),
       gib(live_peak_bytes), gib(input_bytes), gib(total_bytes()));
 }
 

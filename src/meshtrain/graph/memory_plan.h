@@ -1,7 +1,8 @@
 // Liveness-based memory plan, computed once before the first step. Every activation and every
 // node workspace gets a fixed offset in one arena (greedy best-fit by size over live ranges);
-// inputs get their own region; persistent values (parameters, gradients, optimizer and other
-// state) are counted here but owned by their stores. Views share their root value's bytes.
+// inputs get their own region; persistent values (parameters and their compute copies, gradients,
+// optimizer and other state) are counted here but owned by their stores. Views share their root
+// value's bytes.
 #pragma once
 
 #include <cstdint>
@@ -37,8 +38,12 @@ struct MemoryPlan {
   int64_t parameter_bytes = 0;  // persistent, by role
   int64_t gradient_bytes = 0;
   int64_t state_bytes = 0;
+  // Mixed precision: the persistent compute-dtype copies of the masters (ValueRole::kComputeCopy)
+  // the forward reads instead of casting each master every micro-batch.
+  int64_t compute_copy_bytes = 0;
   int64_t total_bytes() const {
-    return arena_bytes + input_bytes + parameter_bytes + gradient_bytes + state_bytes;
+    return arena_bytes + input_bytes + parameter_bytes + compute_copy_bytes + gradient_bytes +
+           state_bytes;
   }
   // Sum of live activation bytes at the busiest schedule position (a lower bound on arena_bytes;
   // their ratio shows fragmentation).

@@ -12,6 +12,7 @@ const char* value_role_name(ValueRole r) {
     case ValueRole::kParameter: return "parameter";
     case ValueRole::kGradient: return "gradient";
     case ValueRole::kState: return "state";
+    case ValueRole::kComputeCopy: return "compute copy";
   }
   return "?";
 }

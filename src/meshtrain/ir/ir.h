@@ -36,10 +36,14 @@ enum class ValueRole : uint8_t {
   kParameter,   // persistent master weight (this rank's shard), updated by the optimizer
   kGradient,    // persistent gradient accumulator of a parameter shard
   kState,       // other persistent tensors (optimizer moments, expert bias, load counters)
+  // Persistent compute-dtype copy of a master (mixed precision): what the forward reads, kept
+  // equal to cast(master) by the optimizer's update and by ParamStore after masters are loaded.
+  kComputeCopy,
 };
 const char* value_role_name(ValueRole r);
 inline bool is_persistent(ValueRole r) {
-  return r == ValueRole::kParameter || r == ValueRole::kGradient || r == ValueRole::kState;
+  return r == ValueRole::kParameter || r == ValueRole::kGradient || r == ValueRole::kState ||
+         r == ValueRole::kComputeCopy;
 }
 
 enum class NodePhase : uint8_t { kForward, kBackward, kRecompute, kOptimizer };

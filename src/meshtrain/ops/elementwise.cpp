@@ -44,6 +44,7 @@ void accumulate(Builder& b, ValueId dst, ValueId src, bool overwrite) {
   else
     b.op("accumulate", {dst, src});
 }
+void cast_into(Builder& b, ValueId dst, ValueId src) { b.op("cast_into", {dst, src}); }
 
 MT_REGISTER_OPS {
   auto& r = OpRegistry::instance();
@@ -137,6 +138,15 @@ MT_REGISTER_OPS {
                 },
             .side_effect = true,
             .accumulates_in_place = true});
+  r.add_op({.name = "cast_into",
+            .infer =
+                [](const std::vector<TensorMeta>& in, const Attrs&) {
+                  MT_CHECK_T(ShapeError, in.size() == 2 && in[0].shape == in[1].shape,
+                             "cast_into: destination {} and source {} shapes differ",
+                             in.at(0).shape, in.at(1).shape);
+                  return std::vector<TensorMeta>{};
+                },
+            .side_effect = true});
 }
 
 }  // namespace meshtrain::ops

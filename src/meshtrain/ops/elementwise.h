@@ -1,6 +1,6 @@
 // Elementwise and structural ops: fill, add, mul, scale, cast, reshape (a view), sum, and the
-// in-place accumulate used for gradient accumulation. Same-shape only: broadcasting patterns the
-// models need are fused into their own ops.
+// in-place accumulate (gradient accumulation) and cast_into (compute copies of masters). Same-shape
+// only: broadcasting patterns the models need are fused into their own ops.
 #pragma once
 
 #include "meshtrain/ir/builder.h"
@@ -26,5 +26,8 @@ ValueId expand_scalar(Builder& b, ValueId x, const Shape& shape);
 // overwrite: dst = src instead (the only micro-batch of a step writes its gradients outright, so
 // they need no zeroing and no read). src may be bfloat16 for a float32/float64 dst.
 void accumulate(Builder& b, ValueId dst, ValueId src, bool overwrite = false);
+// dst = cast(src) in place, with the cast op's conversion (bfloat16 rounds to nearest even);
+// dst is persistent (a master's compute copy), any dtype of src's shape. No outputs.
+void cast_into(Builder& b, ValueId dst, ValueId src);
 
 }  // namespace meshtrain::ops

@@ -6,8 +6,11 @@ namespace meshtrain::ops {
 ValueId sum_squares(Builder& b, ValueId x) { return b.op1("sum_squares", {x}); }
 
 void adamw_update(Builder& b, ValueId param, ValueId grad, ValueId exp_avg, ValueId exp_avg_sq,
-                  ValueId total_norm_sq, int lr_slot, int step_slot, const AdamWParams& p) {
-  b.op("adamw_update", {param, grad, exp_avg, exp_avg_sq, total_norm_sq},
+                  ValueId total_norm_sq, int lr_slot, int step_slot, const AdamWParams& p,
+                  ValueId compute) {
+  std::vector<ValueId> in = {param, grad, exp_avg, exp_avg_sq, total_norm_sq};
+  if (compute != kNoValue) in.push_back(compute);
+  b.op("adamw_update", in,
        {{"lr_slot", int64_t(lr_slot)},
         {"step_slot", int64_t(step_slot)},
         {"beta1", p.beta1},
@@ -32,7 +35,9 @@ MT_REGISTER_OPS {
   r.add_op({.name = "adamw_update",
             .infer =
                 [](const std::vector<TensorMeta>& in, const Attrs&) {
-                  MT_CHECK_T(ShapeError, in.size() == 5, "adamw_update takes 5 inputs");
+                  MT_CHECK_T(ShapeError, in.size() == 5 || in.size() == 6,
+                             "adamw_update takes 5 inputs, or 6 with a compute copy; found {}",
+                             in.size());
                   for (int i = 1; i < 4; ++i)
                     MT_CHECK_T(
                         ShapeError, in[size_t(i)] == in[0],
@@ -40,6 +45,13 @@ MT_REGISTER_OPS {
                         in[0].dtype, in[0].shape, in[size_t(i)].dtype, in[size_t(i)].shape);
                   MT_CHECK_T(ShapeError, in[4].dtype == DType::kF64 && in[4].numel() == 1,
                              "adamw_update: the squared norm is a float64 scalar");
+                  if (in.size() == 6)
+                    MT_CHECK_T(ShapeError,
+                               in[5].shape == in[0].shape && is_floating(in[5].dtype) &&
+                                   in[5].dtype != in[0].dtype,
+                               "adamw_update: the compute copy must be the param's shape {} in "
+                               "another float dtype than {}, found {} {}",
+                               in[0].shape, in[0].dtype, in[5].dtype, in[5].shape);
                   return std::vector<TensorMeta>{};
                 },
             .side_effect = true});

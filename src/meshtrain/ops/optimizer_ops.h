@@ -1,6 +1,6 @@
 // Ops of the optimizer graph: squared norms for gradient clipping and the fused AdamW update over
-// a flat group of parameters (clip, decoupled weight decay, moments, bias correction, and the
-// gradient reset for the next step, in one pass).
+// a flat group of parameters (clip, decoupled weight decay, moments, bias correction, the
+// gradient reset for the next step and the compute copy of the updated weights, in one pass).
 #pragma once
 
 #include "meshtrain/ir/builder.h"
@@ -20,9 +20,12 @@ struct AdamWParams {
 
 // In place on param, exp_avg, exp_avg_sq; sets grad to zero afterwards (unless !reset_grad).
 // total_norm_sq [1] f64 is the global squared gradient norm (on the device); the learning rate and
-// the 1-based step are host scalars (graph slots) read at launch.
+// the 1-based step are host scalars (graph slots) read at launch. compute (optional, param's
+// shape, another float dtype): the compute copy, written in the same pass with cast(updated
+// param) (the cast op's conversion); a skipped step (non-finite norm) leaves it as it was.
 void adamw_update(Builder& b, ValueId param, ValueId grad, ValueId exp_avg, ValueId exp_avg_sq,
-                  ValueId total_norm_sq, int lr_slot, int step_slot, const AdamWParams& p);
+                  ValueId total_norm_sq, int lr_slot, int step_slot, const AdamWParams& p,
+                  ValueId compute = kNoValue);
 
 // torchtitan / torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)).
 double clip_coefficient(double total_norm, double max_norm);

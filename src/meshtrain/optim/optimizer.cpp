@@ -28,6 +28,9 @@ void build_optimizer_graph(OptimizerGraph& og, const std::vector<ParamGroup>& gr
                          b.persistent("group." + t + ".grad", meta, ValueRole::kGradient),
                          b.persistent("group." + t + ".exp_avg", meta, ValueRole::kState),
                          b.persistent("group." + t + ".exp_avg_sq", meta, ValueRole::kState)});
+    if (g.has_compute)
+      og.groups.back().compute = b.persistent(
+          "group." + t + ".compute", {meta.shape, g.compute_dtype}, ValueRole::kComputeCopy);
   }
   ValueId total = kNoValue;
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -59,7 +62,7 @@ void build_optimizer_graph(OptimizerGraph& og, const std::vector<ParamGroup>& gr
   for (const OptimizerGraph::GroupValues& v : og.groups) {
     auto s = b.scope("adamw");
     ops::adamw_update(b, v.master, v.grad, v.exp_avg, v.exp_avg_sq, total, og.lr_slot, og.step_slot,
-                      params);
+                      params, v.compute);
   }
 }
 
@@ -75,6 +78,7 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
     exec_->bind(og_.groups[i].grad, g.grad);
     exec_->bind(og_.groups[i].exp_avg, g.exp_avg);
     exec_->bind(og_.groups[i].exp_avg_sq, g.exp_avg_sq);
+    if (og_.groups[i].compute != kNoValue) exec_->bind(og_.groups[i].compute, g.compute);
   }
   for (const auto& [v, name] : og_.state) exec_->bind(v, store.master(name));
   exec_->prepare();

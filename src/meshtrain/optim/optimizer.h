@@ -1,6 +1,7 @@
 // The optimizer step as a small static graph run by the same executor as the training step:
 // per norm group Σg² (all-reduced over the group whose ranks hold disjoint shards, so every
-// element counts once), the global norm, then one fused clip+AdamW pass per flat group. MoE
+// element counts once), the global norm, then one fused clip+AdamW pass per flat group (which
+// also writes the group's compute copies under mixed precision). MoE
 // layers' expert_bias updates (auxiliary-loss-free load balancing) run in the same graph.
 #pragma once
 
@@ -28,6 +29,7 @@ struct LoadBalanceOptions {
 struct OptimizerGraph {
   struct GroupValues {
     ValueId master = kNoValue, grad = kNoValue, exp_avg = kNoValue, exp_avg_sq = kNoValue;
+    ValueId compute = kNoValue;  // the group's compute copies (ParamGroup::has_compute)
   };
   Graph graph;
   std::vector<GroupValues> groups;                     // per ParamGroup

@@ -1,9 +1,12 @@
-// ParamStore: flat buffers per norm group; initialisation on the host, then copied to the device.
+// ParamStore: flat buffers per norm group; initialisation on the host, then copied to the device;
+// the compute copies cast from the masters by a one-node-per-group graph.
 #include "meshtrain/optim/param_store.h"
 
 #include <map>
 
 #include "meshtrain/core/progress.h"
+#include "meshtrain/graph/memory_plan.h"
+#include "meshtrain/ops/elementwise.h"
 
 namespace meshtrain {
 
@@ -26,6 +29,10 @@ std::vector<ParamGroup> layout_param_groups(const ParallelPlan& plan) {
     g.params.push_back(i);
     g.offsets.push_back(g.numel);
     g.numel += ps[i].local_shape.numel();
+    if (ps[i].compute != kNoValue) {
+      g.has_compute = true;
+      g.compute_dtype = plan.config().compute_dtype;  // ParallelPlan::param's rule
+    }
   }
   return groups;
 }
@@ -49,9 +56,45 @@ ParamStore::ParamStore(const ParallelPlan& plan, Backend& backend)
       *t = Tensor::empty(s, dt, alloc);
       backend.fill_zero(t->raw(), t->nbytes(), backend.stream(0));
     }
+    if (g.has_compute) {
+      g.compute = Tensor::empty(s, g.compute_dtype, alloc);
+      backend.fill_zero(g.compute.raw(), g.compute.nbytes(), backend.stream(0));
+    }
   }
   for (size_t i = 0; i < ps.size(); ++i)
     if (!ps[i].trainable) state_[i] = Tensor::empty(ps[i].local_shape, ps[i].dtype, alloc);
+  build_refresh();
+}
+
+ParamStore::~ParamStore() = default;
+
+void ParamStore::build_refresh() {
+  Builder b(refresh_graph_, NodePhase::kOptimizer);
+  std::vector<std::pair<ValueId, Tensor>> binds;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const ParamGroup& g = groups_[i];
+    if (!g.has_compute) continue;
+    const Shape s = g.master.shape();
+    const std::string tag = "group" + std::to_string(i);
+    ValueId m = b.persistent(tag + ".master", {s, g.master.dtype()}, ValueRole::kParameter);
+    ValueId c = b.persistent(tag + ".compute", {s, g.compute_dtype}, ValueRole::kComputeCopy);
+    ops::cast_into(b, c, m);
+    binds.emplace_back(m, g.master);
+    binds.emplace_back(c, g.compute);
+  }
+  if (binds.empty()) return;
+  refresh_ = std::make_unique<Executor>(
+      refresh_graph_, plan_memory(refresh_graph_, backend_.device().type), backend_, nullptr);
+  for (const auto& [v, t] : binds) refresh_->bind(v, t);
+  refresh_->prepare();
+}
+
+bool ParamStore::has_compute_copies() const { return refresh_ != nullptr; }
+
+void ParamStore::sync_compute_copies() {
+  if (!copies_stale_) return;
+  if (refresh_) refresh_->run();
+  copies_stale_ = false;
 }
 
 Tensor ParamStore::master(const std::string& name) const {
@@ -80,6 +123,15 @@ Tensor ParamStore::exp_avg(const std::string& name) const {
 Tensor ParamStore::exp_avg_sq(const std::string& name) const {
   return view(name, &ParamGroup::exp_avg_sq, "exp_avg_sq");
 }
+Tensor ParamStore::compute_copy(const std::string& name) const {
+  const ParamInfo& p = plan_.info(name);
+  MT_CHECK(p.compute != kNoValue, "{} has no compute copy (not trainable, or computed in {})", name,
+           p.dtype);
+  const size_t i = size_t(&p - plan_.params().data());
+  const ParamGroup& g = groups_[size_t(group_of_[i])];
+  return Tensor(g.compute.storage(), size_t(offset_of_[i]) * dtype_size(g.compute_dtype),
+                p.local_shape, g.compute_dtype);
+}
 
 void ParamStore::initialize(uint64_t seed) {
   // Runs before step 1: host tensors made here for device backends are freed as it goes.
@@ -102,6 +154,8 @@ void ParamStore::initialize(uint64_t seed) {
                     backend_.stream(0));
     progress.add(p.local_shape.numel());
   }
+  masters_written();
+  sync_compute_copies();
   backend_.synchronize();
 }
 
@@ -116,6 +170,7 @@ Tensor ParamStore::master_to_host(const std::string& name) const {
 void ParamStore::bind(Executor& ex) const {
   for (const ParamInfo& p : plan_.params()) {
     if (p.master != kNoValue) ex.bind(p.master, master(p.name));
+    if (p.compute != kNoValue) ex.bind(p.compute, compute_copy(p.name));
     if (p.grad != kNoValue) ex.bind(p.grad, grad(p.name));
   }
 }
@@ -128,7 +183,8 @@ int64_t ParamStore::trainable_numel() const {
 
 int64_t ParamStore::bytes() const {
   int64_t b = 0;
-  for (const ParamGroup& g : groups_) b += 4 * int64_t(g.master.nbytes());
+  for (const ParamGroup& g : groups_)
+    b += 4 * int64_t(g.master.nbytes()) + (g.has_compute ? int64_t(g.compute.nbytes()) : 0);
   for (const Tensor& t : state_)
     if (t.defined()) b += int64_t(t.nbytes());
   return b;

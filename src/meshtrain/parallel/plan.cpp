@@ -3,6 +3,9 @@
 //   master ─replicate_grad(dp_replicate)─► cast(param dtype) ─redistribute(Shard(0)→Replicate
 //   over fsdp) = all_gather─► grad_cast(reduce dtype) ─slice(unpad)─► use
 // so autodiff produces: pad → cast(reduce) → reduce_scatter(fsdp) → all_reduce(dp_replicate).
+// Under mixed precision the chain starts at the persistent compute copy instead, and the cast
+// becomes grad_cast(master dtype), which leaves the backward exactly as the cast's:
+//   copy ─replicate_grad─► grad_cast(master dtype) ─all_gather─► grad_cast(reduce dtype) ─► use
 #include "meshtrain/parallel/plan.h"
 
 #include "meshtrain/moe/expert_exchange.h"
@@ -108,13 +111,23 @@ ValueId ParallelPlan::param(Builder& b, const std::string& name, const Shape& gl
 
   p.master = b.persistent(name, {p.local_shape, p.dtype},
                           p.trainable ? ValueRole::kParameter : ValueRole::kState);
-  ValueId x = p.master;
+  // The compute copy lives in the flat per-group buffers of ParamStore, one dtype per group: only
+  // parameters computed in the plan's compute dtype have one (the float32 MoE router gate of a
+  // float64-master bfloat16 run casts).
+  const DType compute_dtype = options.compute_dtype.value_or(config_.compute_dtype);
+  if (p.trainable && config_.compute_copies && compute_dtype != p.dtype &&
+      compute_dtype == config_.compute_dtype)
+    p.compute =
+        b.persistent(name + ".compute", {p.local_shape, compute_dtype}, ValueRole::kComputeCopy);
+  ValueId x = p.weight();
   // Replicated across dp_replicate (and across tp for tp-replicated dense weights, whose per-rank
   // gradients are partial: token shards, or partial sums from column-parallel consumers): the
   // per-rank gradients are summed in backward.
   if (replicas > 1) x = ops::replicate_grad(b, x, MeshGroup::kDpReplicate);
   if (tp_replicated) x = ops::replicate_grad(b, x, MeshGroup::kTp);
-  x = ops::cast(b, x, options.compute_dtype.value_or(config_.compute_dtype));
+  // The cast's backward turns the gradient back into the master dtype; from a compute copy the
+  // forward needs no cast and grad_cast keeps that backward.
+  x = p.compute != kNoValue ? ops::grad_cast(b, x, p.dtype) : ops::cast(b, x, compute_dtype);
   x = redistribute(b, x, n > 1 ? Placement::shard(0) : Placement::replicate(),
                    Placement::replicate(), dp_group, n);
   if (n > 1 && fd == 1) {
@@ -193,10 +206,18 @@ std::vector<ValueId> ParallelPlan::trainable_masters() const {
   return out;
 }
 
+std::vector<ValueId> ParallelPlan::trainable_weights() const {
+  std::vector<ValueId> out;
+  for (const ParamInfo& p : params_)
+    if (p.trainable) out.push_back(p.weight());
+  return out;
+}
+
 void ParallelPlan::attach_gradients(Builder& b, const GradientMap& grads, bool overwrite) {
   for (ParamInfo& p : params_) {
     if (!p.trainable) continue;
-    ValueId g = grads.grad_of(p.master);
+    // The gradient of what the forward read (the compute copy's is the master's: see param()).
+    ValueId g = grads.grad_of(p.weight());
     MT_CHECK_T(ValueError, g != kNoValue,
                "parameter {} does not influence the loss (no gradient); remove it or check the "
                "model code",

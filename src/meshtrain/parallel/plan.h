@@ -1,8 +1,9 @@
 // ParallelPlan: what `param(name)` means on this rank. Model code declares each parameter with
 // its torchtitan name, global shape and initialiser; the plan creates the persistent master
-// value (this rank's shard), and returns the value the model computes with: cast to the compute
-// dtype and, under FSDP, all-gathered from the shards (autodiff then reduce-scatters the
-// gradient). Gradients are accumulated into persistent per-parameter buffers.
+// value (this rank's shard), and returns the value the model computes with: in the compute dtype
+// (a persistent compute copy under mixed precision, else a cast) and, under FSDP, all-gathered
+// from the shards (autodiff then reduce-scatters the gradient). Gradients are accumulated into
+// persistent per-parameter buffers.
 #pragma once
 
 #include <optional>
@@ -58,7 +59,14 @@ struct ParamInfo {
   DType dtype = DType::kF32;  // of the master (master_dtype) or of a state buffer
   ValueId master = kNoValue;  // persistent value (role kParameter, or kState if not trainable)
   ValueId grad = kNoValue;    // persistent accumulator (role kGradient)
-  int shard_degree = 1;       // ranks the master is split over (1 = replicated/whole)
+  // Mixed precision (PlanConfig::compute_copies, a trainable parameter computed in
+  // PlanConfig::compute_dtype != dtype): the persistent copy `<name>.compute` of the master in the
+  // compute dtype (role kComputeCopy, local_shape) that the forward reads in place of
+  // cast(master); ParamStore keeps it equal to cast(master). kNoValue: the forward casts.
+  ValueId compute = kNoValue;
+  // The value the forward reads and autodiff differentiates against: compute, else master.
+  ValueId weight() const { return compute != kNoValue ? compute : master; }
+  int shard_degree = 1;  // ranks the master is split over (1 = replicated/whole)
   // Mesh groups over which the master's shards are disjoint, in reduction order ({fsdp},
   // {fsdp, tp}; empty when whole): the gradient-norm all-reduces run over these.
   std::vector<MeshGroup> shard_groups;
@@ -77,6 +85,10 @@ struct PlanConfig {
   DType compute_dtype =
       DType::kF32;  // what the model computes with ([training] mixed_precision_param)
   DType reduce_dtype = DType::kF32;  // gradient reductions ([training] mixed_precision_reduce)
+  // [training] compute_weight_copies: trainable parameters computed in compute_dtype (!=
+  // master_dtype) read a persistent compute copy that the optimizer writes (ParamInfo::compute);
+  // false: every micro-batch casts every master.
+  bool compute_copies = true;
   // Rows an EP rank's expert buffers are planned for, as a multiple of the rows it routes
   // ([parallelism] expert_capacity_factor; see moe/expert_exchange.h).
   double expert_capacity_factor = kDefaultExpertCapacityFactor;
@@ -114,6 +126,9 @@ class ParallelPlan {
   // overwrite: one micro-batch per step, so the gradients are written outright (no zeroing).
   void attach_gradients(Builder& b, const GradientMap& grads, bool overwrite = false);
   std::vector<ValueId> trainable_masters() const;
+  // What autodiff differentiates against: each trainable parameter's weight() (its compute copy
+  // under mixed precision, else its master); attach_gradients reads their gradients.
+  std::vector<ValueId> trainable_weights() const;
 
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo& info(const std::string& name) const;

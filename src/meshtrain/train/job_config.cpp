@@ -244,6 +244,13 @@ std::vector<Binding> make_bindings() {
       choice_field("training", "master_dtype", &J::training, &TrainingSection::master_dtype,
                    "Dtype of master weights and optimizer state (float64 for exact parity tests)",
                    {DType::kF32, DType::kF64}, dtype_name));
+  t.push_back(field("training", "compute_weight_copies", &J::training,
+                    &TrainingSection::compute_weight_copies,
+                    "Mixed precision (compute dtype != master_dtype): keep each trainable "
+                    "weight's shard in the compute dtype too, written by the optimizer's update "
+                    "pass, so the forward reads it instead of casting every master in every "
+                    "micro-batch (the copies cost the compute dtype's bytes per parameter); "
+                    "false = cast each micro-batch"));
   // [metrics]
   t.push_back(field("metrics", "log_freq", &J::metrics, &MetricsSection::log_freq,
                     "How often to log metrics, in steps")

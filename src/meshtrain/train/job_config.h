@@ -130,6 +130,9 @@ struct TrainingSection {
   std::optional<DType> mixed_precision_param;
   DType mixed_precision_reduce = DType::kF32;
   DType master_dtype = DType::kF32;  // master weights and optimizer state
+  // Mixed precision: the forward reads a persistent compute-dtype copy of each trainable weight
+  // that the optimizer writes in its update pass; false = cast every master every micro-batch.
+  bool compute_weight_copies = true;
 };
 
 struct MetricsSection {

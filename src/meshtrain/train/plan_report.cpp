@@ -105,6 +105,12 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
                    dtype_name(so.compute_dtype), dtype_name(so.master_dtype));
   r += fmt::format("memory plan of rank {}:\n", rank);
   r += fmt::format("  parameters (master shards) {}\n", gib(mp.parameter_bytes));
+  // Mixed precision: the forward reads persistent compute copies the optimizer writes (counted in
+  // the total), no per-micro-batch cast of the masters.
+  if (mp.compute_copy_bytes > 0)
+    r += fmt::format("  {:<27}{}  (written by the optimizer; no casts per micro-batch)\n",
+                     fmt::format("compute copies ({})", dtype_name(so.compute_dtype)),
+                     gib(mp.compute_copy_bytes));
   r += fmt::format("  gradients                  {}\n", gib(mp.gradient_bytes));
   r += fmt::format("  optimizer moments          {}\n", gib(moments));
   r += fmt::format("  other state                {}\n", gib(mp.state_bytes));

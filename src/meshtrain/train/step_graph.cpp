@@ -71,6 +71,7 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
           .master_dtype = o.master_dtype,
           .compute_dtype = o.compute_dtype,
           .reduce_dtype = o.reduce_dtype,
+          .compute_copies = cfg.training.compute_weight_copies,
           .expert_capacity_factor = cfg.parallelism.expert_capacity_factor,
           .expert_exchange_padded = cfg.parallelism.expert_exchange == ExpertExchange::kPadded},
       layout);
@@ -121,7 +122,7 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   std::unique_ptr<StepGraph> sg =
       build_forward(cfg, layout, o, cfg.training.local_batch_size, cfg.training.seq_len);
   Graph& g = sg->graph;
-  GradientMap grads = differentiate(g, sg->loss, sg->plan->trainable_masters());
+  GradientMap grads = differentiate(g, sg->loss, sg->plan->trainable_weights());
   Builder bb(g, NodePhase::kBackward);
   sg->plan->attach_gradients(bb, grads, o.overwrite_grads);
   eliminate_dead_nodes(g);

@@ -20,6 +20,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 StepRecord Trainer::step() {
   StepRecord r{.step = ++step_};
   fault_->begin_step(step_);
+  // Masters written since the last step (a resume, an HF load): their compute copies follow.
+  store_->sync_compute_copies();
   observers_.before_step(step_);
   zero_step_loss();
   mtp_->begin_step(step_);

@@ -286,6 +286,9 @@ void Trainer::start_checkpointing(const ParallelDims& dims) {
       std::make_unique<CheckpointManager>(std::move(o), std::move(run), *model_, *plan_, *store_,
                                           *backend_, mesh_->comm(MeshGroup::kWorld), *loader_);
   resumed_ = checkpointer_->load_at_start();
+  // A resume or an initial load wrote the masters: their compute copies follow before anything
+  // reads them (Trainer::step checks again, for masters written later).
+  store_->sync_compute_copies();
   step_ = resumed_.step;
   optimizer_offset_ = resumed_.optimizer_step - resumed_.step;
   lr_offset_ = resumed_.lr_step - resumed_.step;

@@ -58,6 +58,7 @@ Validator::Validator(const JobConfig& cfg, const GroupLayout* layout,
     if (p.master == kNoValue) continue;
     if (p.trainable || !counters.count(p.name)) {
       exec_->bind(p.master, store.master(p.name));
+      if (p.compute != kNoValue) exec_->bind(p.compute, store.compute_copy(p.name));
     } else {
       own_state_.push_back(Tensor::empty(p.local_shape, p.dtype, backend.allocator()));
       exec_->bind(p.master, own_state_.back());

@@ -6,7 +6,11 @@
 // (relative). --compare-reshard instead runs the layout with fsdp_reshard_after_forward never and
 // always and requires equal losses;
 // --compare-passes runs it with [compile] graph_passes none, transformer_block_bucketing and
-// size_bucketing (a 1 MiB cap) and requires bitwise equal losses and gradient norms.
+// size_bucketing (a 1 MiB cap) and requires bitwise equal losses and gradient norms;
+// --compare-copies runs it with [training] compute_weight_copies false (every micro-batch casts
+// the masters) and true (the forward reads compute copies the optimizer writes) and requires the
+// same, for a mixed-precision layout (float64 masters with float32 compute on the CPU, bf16 on
+// CUDA).
 // On CUDA (--job.device cuda) the trainers run over the nccl world and the comparisons over MPI;
 // --precisions float32,bfloat16 runs the check once per compute dtype (bf16: every step within
 // --bf16-tol, the mean loss difference within --bf16-mean-tol, parameters within --bf16-tol), and
@@ -41,6 +45,7 @@ struct Options {
   std::vector<std::string> precisions;  // empty: the config's own mixed_precision_param
   bool expect_overflow = false;         // the layout's expert exchanges must exceed their plan
   bool compare_passes = false;
+  bool compare_copies = false;
   // "none", "some" or "all": how many steps the padded expert exchange must redo synced; "any":
   // reported only (empty: neither).
   std::string expect_replays;
@@ -81,6 +86,8 @@ Options parse(int argc, char** argv) {
       o.expect_overflow = true;
     else if (a == "--compare-passes")
       o.compare_passes = true;
+    else if (a == "--compare-copies")
+      o.compare_copies = true;
     else if (a == "--expect-replays")
       o.expect_replays = argv[++i];
     else
@@ -292,6 +299,10 @@ int main(int argc, char** argv) {
           o, world, rt.launch(), none,
           job(o, {"--compile.graph_passes", "size_bucketing", "--compile.bucket_cap_mb", "1"}),
           "unbucketed", "size_bucketing");
+    } else if (o.compare_copies) {
+      failures += compare_bitwise(
+          o, world, rt.launch(), job(o, {"--training.compute_weight_copies", "false"}),
+          job(o, {"--training.compute_weight_copies", "true"}), "cast path", "compute copies");
     } else {
       std::vector<std::string> precisions = o.precisions;
       if (precisions.empty()) precisions.push_back("");  // the config's own dtype

@@ -92,6 +92,7 @@ MT_REGISTER_OPS {
     });
   });
   add_cpu_kernel("cast", [](KernelContext& c) { cast_kernel(c.in[0], c.out[0]); });
+  add_cpu_kernel("cast_into", [](KernelContext& c) { cast_kernel(c.in[1], c.in[0]); });
   add_cpu_kernel("reshape", [](KernelContext&) {});    // a view: shares its input's bytes
   add_cpu_kernel("grad_cast", [](KernelContext&) {});  // a view in forward
   add_cpu_kernel("sum", [](KernelContext& c) {

@@ -1,19 +1,31 @@
 // CPU kernels of the optimizer ops. AdamW follows torch.optim.AdamW's arithmetic: decoupled decay
 // p *= 1 - lr·wd, m ← m + (1−β1)(g − m), v ← β2 v + (1−β2) g², p −= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) +
-// ε). A non-finite global norm (a NaN or Inf gradient anywhere) skips the update: parameters and
-// moments stay as they were, the gradient is still reset (the trainer stops or skips the step).
+// ε), then the compute copy (if any) = cast(p) as the cast kernel converts. A non-finite global
+// norm (a NaN or Inf gradient anywhere) skips the update: parameters, moments and the copy stay
+// as they were, the gradient is still reset (the trainer stops or skips the step).
 #include "meshtrain/ops/optimizer_ops.h"
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "meshtrain/ops/cpu/cpu_kernel.h"
 
 namespace meshtrain::cpu {
 namespace {
 
-template <typename T>
-void adamw(T* p, T* g, T* m, T* v, int64_t n, double lr, double b1, double b2, double eps,
+// The compute copy's element: the cast kernel's conversion (to bfloat16 through float).
+template <typename C, typename T>
+C to_compute(T x) {
+  if constexpr (std::is_same_v<C, BFloat16>)
+    return BFloat16(float(x));
+  else
+    return C(x);
+}
+
+// C = void: no compute copy.
+template <typename T, typename C>
+void adamw(T* p, T* g, T* m, T* v, C* copy, int64_t n, double lr, double b1, double b2, double eps,
            double wd, double clip, int64_t step, bool reset_grad) {
   const double bc1 = 1.0 - std::pow(b1, double(step));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step)));
@@ -28,6 +40,7 @@ void adamw(T* p, T* g, T* m, T* v, int64_t n, double lr, double b1, double b2, d
     v[i] = v[i] * tb2 + ob2 * gi * gi;
     T denom = std::sqrt(v[i]) * inv_bc2 + teps;
     p[i] -= step_size * m[i] / denom;
+    if constexpr (!std::is_void_v<C>) copy[i] = to_compute<C>(p[i]);
     if (reset_grad) g[i] = T(0);
   }
 }
@@ -53,9 +66,20 @@ MT_REGISTER_OPS {
     int64_t step = int64_t(c.scalar("step_slot"));
     double clip = ops::clip_coefficient(norm, a.f("max_norm"));
     MT_DISPATCH_FLOAT(c.in[0].dtype(), "adamw_update", [&] {
-      adamw(inout_ptr<scalar_t>(c, 0), inout_ptr<scalar_t>(c, 1), inout_ptr<scalar_t>(c, 2),
-            inout_ptr<scalar_t>(c, 3), c.in[0].numel(), lr, a.f("beta1"), a.f("beta2"), a.f("eps"),
-            a.f("weight_decay"), clip, step, a.b("reset_grad", true));
+      auto run = [&](auto* copy) {
+        adamw(inout_ptr<scalar_t>(c, 0), inout_ptr<scalar_t>(c, 1), inout_ptr<scalar_t>(c, 2),
+              inout_ptr<scalar_t>(c, 3), copy, c.in[0].numel(), lr, a.f("beta1"), a.f("beta2"),
+              a.f("eps"), a.f("weight_decay"), clip, step, a.b("reset_grad", true));
+      };
+      if (c.in.size() < 6) return run(static_cast<void*>(nullptr));
+      switch (c.in[5].dtype()) {
+        case DType::kF32: return run(static_cast<float*>(c.in[5].raw()));
+        case DType::kF64: return run(static_cast<double*>(c.in[5].raw()));
+        case DType::kBF16: return run(static_cast<BFloat16*>(c.in[5].raw()));
+        default:
+          MT_THROW(ValueError, "adamw_update: the compute copy must be a float dtype, found {}",
+                   c.in[5].dtype());
+      }
     });
   });
 }

@@ -1,7 +1,7 @@
-// CUDA kernels of the elementwise and structural ops: fill, add, mul, scale, cast (every dtype
-// pair, rounding like the CPU's BFloat16), reshape and grad_cast (views: nothing to do), sum and
-// expand_scalar, and accumulate (float32/float64 += float32/float64/bf16). Elementwise, cast and
-// accumulate run in elementwise_loop.cuh's vectorised loop.
+// CUDA kernels of the elementwise and structural ops: fill, add, mul, scale, cast and cast_into
+// (every dtype pair, rounding like the CPU's BFloat16), reshape and grad_cast (views: nothing to
+// do), sum and expand_scalar, and accumulate (float32/float64 += float32/float64/bf16).
+// Elementwise, cast and accumulate run in elementwise_loop.cuh's vectorised loop.
 #include <cstring>
 
 #include "meshtrain/ops/cuda/cuda_kernel.h"
@@ -59,20 +59,7 @@ void launch_map1(const T* a, T* out, int64_t n, Op op, cudaStream_t s) {
   launch_elementwise("elementwise map1", n, s, Map1<Op>{op}, Out<T>{out}, In<T>{a});
 }
 
-// ---- cast: C++ conversions as the CPU kernel does them (to bf16 through float) --------------
-template <typename D, typename S>
-__device__ __forceinline__ D convert(S s) {
-  if constexpr (std::is_same_v<D, bf16> && std::is_same_v<S, bf16>) {
-    return s;
-  } else if constexpr (std::is_same_v<D, bf16>) {
-    return __float2bfloat16_rn(float(s));
-  } else if constexpr (std::is_same_v<S, bf16>) {
-    return D(__bfloat162float(s));
-  } else {
-    return D(s);
-  }
-}
-
+// ---- cast: C++ conversions as the CPU kernel does them (convert, elementwise_loop.cuh) --------
 struct CastOp {
   template <typename D, typename S>
   __device__ __forceinline__ void operator()(D& d, S s) const {
@@ -212,6 +199,8 @@ MT_REGISTER_OPS {
     });
   });
   add_cuda_kernel("cast", [](KernelContext& c) { cast_any(c.in[0], c.out[0], stream_of(c)); });
+  // Into a persistent destination (a master's compute copy): the same launch as cast.
+  add_cuda_kernel("cast_into", [](KernelContext& c) { cast_any(c.in[1], c.in[0], stream_of(c)); });
   add_cuda_kernel("reshape", [](KernelContext&) {});    // a view: shares its input's bytes
   add_cuda_kernel("grad_cast", [](KernelContext&) {});  // a view in forward
   // Scratch: the float64 partials of the deterministic two-pass reduction.

@@ -7,10 +7,26 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "meshtrain/ops/cuda/cuda_kernel.h"
 
 namespace meshtrain::cuda {
+
+// One element converted as the cast op converts it, as the CPU kernel does (to bf16 through float,
+// rounding to nearest even); AdamW's compute copy uses the same conversion.
+template <typename D, typename S>
+__device__ __forceinline__ D convert(S s) {
+  if constexpr (std::is_same_v<D, bf16> && std::is_same_v<S, bf16>) {
+    return s;
+  } else if constexpr (std::is_same_v<D, bf16>) {
+    return __float2bfloat16_rn(float(s));
+  } else if constexpr (std::is_same_v<S, bf16>) {
+    return D(__bfloat162float(s));
+  } else {
+    return D(s);
+  }
+}
 
 // A read-only load through the non-coherent path (ld.global.nc, as the `const __restrict__`
 // pointers of the per-kernel loops got): an In stream is never written while the kernel runs.

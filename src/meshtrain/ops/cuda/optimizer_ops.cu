@@ -1,7 +1,8 @@
 // CUDA optimizer kernels. sum_squares: the deterministic two-pass reduction, in float64.
 // adamw_update: one fused pass over a flat parameter group (clip, decoupled decay, moments,
-// bias correction, gradient reset) with the CPU kernel's arithmetic in the tensor's dtype; the
-// squared norm is read on the device, the learning rate and step arrive as launch arguments.
+// bias correction, gradient reset, and the compute copy of the updated weights) with the CPU
+// kernel's arithmetic in the tensor's dtype; the squared norm is read on the device, the learning
+// rate and step arrive as launch arguments.
 #include <cmath>
 #include <type_traits>
 
@@ -43,6 +44,9 @@ __device__ __forceinline__ void adamw_one(T& p, T& g, T& m, T& v, T clip, const 
 // gradient is an input stream (read, never stored).
 // A non-finite squared norm (a NaN or Inf gradient anywhere) skips the update, as the CPU kernel
 // does: parameters and moments stay, the gradient is still reset.
+// With a compute copy c (a fifth stream, written only): c = convert(p) after the update, the cast
+// op's conversion. A skipped step writes it too, from the unchanged p: the copy already equals
+// cast(p), so its bits stay, and the copy is never read here (2 bytes of traffic, not 4).
 template <typename T, bool kResetGrad>
 struct AdamWStep {
   T clip;
@@ -56,6 +60,11 @@ struct AdamWStep {
     }
     adamw_one(p, g, m, v, clip, a);
   }
+  template <typename C>
+  __device__ __forceinline__ void operator()(T& p, Grad g, T& m, T& v, C& c) const {
+    (*this)(p, g, m, v);
+    c = convert<C>(p);
+  }
 };
 template <typename T, bool kResetGrad>
 struct AdamWOp {
@@ -66,6 +75,31 @@ struct AdamWOp {
     return {T(clip_coefficient(nsq, a.max_norm)), !isfinite(nsq), a};
   }
 };
+
+// The launch over the four streams of the update and, if given, the compute copy's.
+template <typename T, bool kResetGrad, typename G, typename... Copy>
+void launch_adamw(int64_t n, cudaStream_t s, const AdamWOp<T, kResetGrad>& op, T* p, const G& g,
+                  T* m, T* v, const Copy&... copy) {
+  launch_elementwise("adamw_update", n, s, op, InOut<T>{p}, g, InOut<T>{m}, InOut<T>{v}, copy...);
+}
+
+template <typename T, bool kResetGrad, typename G>
+void adamw_with_copy(KernelContext& c, int64_t n, cudaStream_t s, const AdamWOp<T, kResetGrad>& op,
+                     T* p, const G& g, T* m, T* v) {
+  if (c.in.size() < 6) return launch_adamw(n, s, op, p, g, m, v);
+  void* copy = c.in[5].raw();
+  switch (c.in[5].dtype()) {
+    case DType::kBF16:
+      return launch_adamw(n, s, op, p, g, m, v, Out<bf16>{static_cast<bf16*>(copy)});
+    case DType::kF32:
+      return launch_adamw(n, s, op, p, g, m, v, Out<float>{static_cast<float*>(copy)});
+    case DType::kF64:
+      return launch_adamw(n, s, op, p, g, m, v, Out<double>{static_cast<double*>(copy)});
+    default:
+      MT_THROW(ValueError, "adamw_update (cuda): the compute copy must be a float dtype, found {}",
+               c.in[5].dtype());
+  }
+}
 
 template <typename T>
 void adamw(KernelContext& c) {
@@ -93,11 +127,9 @@ void adamw(KernelContext& c) {
   const double* norm_sq = in_ptr<double>(c, 4);
   const cudaStream_t s = stream_of(c);
   if (a.reset_grad)
-    launch_elementwise("adamw_update", n, s, AdamWOp<T, true>{norm_sq, a}, InOut<T>{p}, InOut<T>{g},
-                       InOut<T>{m}, InOut<T>{v});
+    adamw_with_copy(c, n, s, AdamWOp<T, true>{norm_sq, a}, p, InOut<T>{g}, m, v);
   else
-    launch_elementwise("adamw_update", n, s, AdamWOp<T, false>{norm_sq, a}, InOut<T>{p}, In<T>{g},
-                       InOut<T>{m}, InOut<T>{v});
+    adamw_with_copy(c, n, s, AdamWOp<T, false>{norm_sq, a}, p, In<T>{g}, m, v);
 }
 
 MT_REGISTER_OPS {
