@@ -28,3 +28,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "install_deps: all packages present"
 fi
+# PyTorch for the independent reference cross-check (tests labelled `reference`). Best effort: where
+# the distribution has no python3-torch the test command excludes those tests and says how many.
+if ! dpkg -s python3-torch >/dev/null 2>&1; then
+  echo "install_deps: installing python3-torch (the reference cross-check)"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends python3-torch ||
+    echo "install_deps: python3-torch is not available here: the reference tests will be excluded"
+fi
