@@ -183,11 +183,10 @@ TEST(CudaCudnnAttention, ForwardAndBackwardMatchCpu) {
       // it (auto then falls back to its own kernels), and says which version would do.
       try {
         cuda::cudnn_attention_bwd_plan(s);
-        ADD_FAILURE() << "cuDNN " << cuda::cudnn_attention_version()
-                      << " accepted a backward at S " << s.seq;
+        ADD_FAILURE() << "cuDNN " << cuda::cudnn_attention_version() << " accepted a backward at S "
+                      << s.seq;
       } catch (const ValueError& e) {
-        EXPECT_NE(std::string(e.what()).find("needs cuDNN > 9.15"), std::string::npos)
-            << e.what();
+        EXPECT_NE(std::string(e.what()).find("needs cuDNN > 9.15"), std::string::npos) << e.what();
       }
       continue;
     }

@@ -48,8 +48,8 @@ MT_REGISTER_OPS {
         return;
       }
       const std::vector<float> a = widened(c.in[1]), b = widened(c.in[2]);
-      gemm<float>(ta, tb, d.m, d.n, d.k, 1.0f, a.data(), am.shape.last(), b.data(),
-                  bm.shape.last(), overwrite ? 0.0f : 1.0f, dst, d.n);
+      gemm<float>(ta, tb, d.m, d.n, d.k, 1.0f, a.data(), am.shape.last(), b.data(), bm.shape.last(),
+                  overwrite ? 0.0f : 1.0f, dst, d.n);
       return;
     }
     MT_DISPATCH_FLOAT(dm.dtype, "matmul_accumulate", [&] {
