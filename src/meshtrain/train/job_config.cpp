@@ -550,32 +550,9 @@ void validate_checkpoint(const CheckpointSection& k) {
 }
 }  // namespace
 
-double ModelSection::mtp_loss_weight_at(int64_t step) const {
-  return mtp_loss_weight_after_step > 0 && step > mtp_loss_weight_after_step ? mtp_loss_weight_after
-                                                                             : mtp_loss_weight;
-}
-
-namespace {
-void validate_mtp(const JobConfig& c) {
-  const ModelSection& m = c.model;
-  if (m.mtp_layers == 0) return;
-  MT_CHECK_T(ConfigError, m.name == "deepseek_v3",
-             "[model] mtp_layers = {}: multi-token prediction is a deepseek_v3 feature (its MTP "
-             "modules are MLA + MoE blocks); [model] name \"{}\" has none, set mtp_layers = 0",
-             m.mtp_layers, m.name);
-  MT_CHECK_T(ConfigError, m.mtp_layers < c.training.seq_len,
-             "[model] mtp_layers = {} needs [training] seq_len > {}: depth k predicts the token "
-             "k + 1 ahead inside each row, found seq_len {}",
-             m.mtp_layers, m.mtp_layers, c.training.seq_len);
-  MT_CHECK_T(ConfigError, !c.validation.enable || m.mtp_layers < c.validation.seq_len,
-             "[model] mtp_layers = {} needs [validation] seq_len > {}, found {}", m.mtp_layers,
-             m.mtp_layers, c.validation.seq_len);
-}
-}  // namespace
-
 void validate_job_config(const JobConfig& c) {
   validate_checkpoint(c.checkpoint);
-  validate_mtp(c);
+  validate_mtp_config(c);
   const TrainingSection& t = c.training;
   if (t.global_batch_size != -1 && t.global_batch_size % t.local_batch_size != 0)
     MT_THROW(ConfigError,

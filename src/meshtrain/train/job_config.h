@@ -247,6 +247,8 @@ ConfigValues job_config_to_values(const JobConfig& cfg);
 
 // Checks that involve several keys; parse_job_config calls it.
 void validate_job_config(const JobConfig& cfg);
+// [model] mtp_layers against the model and the sequence lengths (train/loss_parts.cpp).
+void validate_mtp_config(const JobConfig& cfg);
 
 // Micro-batches per step: global_batch_size / (local_batch_size * dp_degree), 1 when global is
 // -1. ConfigError when it does not divide.

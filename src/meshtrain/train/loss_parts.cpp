@@ -1,9 +1,31 @@
 // Loss parts and MTP inputs (see header).
 #include "meshtrain/train/loss_parts.h"
 
+#include "meshtrain/core/check.h"
 #include "meshtrain/model/mtp.h"
 
 namespace meshtrain {
+
+double ModelSection::mtp_loss_weight_at(int64_t step) const {
+  return mtp_loss_weight_after_step > 0 && step > mtp_loss_weight_after_step ? mtp_loss_weight_after
+                                                                             : mtp_loss_weight;
+}
+
+void validate_mtp_config(const JobConfig& c) {
+  const ModelSection& m = c.model;
+  if (m.mtp_layers == 0) return;
+  MT_CHECK_T(ConfigError, m.name == "deepseek_v3",
+             "[model] mtp_layers = {}: multi-token prediction is a deepseek_v3 feature (its MTP "
+             "modules are MLA + MoE blocks); [model] name \"{}\" has none, set mtp_layers = 0",
+             m.mtp_layers, m.name);
+  MT_CHECK_T(ConfigError, m.mtp_layers < c.training.seq_len,
+             "[model] mtp_layers = {} needs [training] seq_len > {}: depth k predicts the token "
+             "k + 1 ahead inside each row, found seq_len {}",
+             m.mtp_layers, m.mtp_layers, c.training.seq_len);
+  MT_CHECK_T(ConfigError, !c.validation.enable || m.mtp_layers < c.validation.seq_len,
+             "[model] mtp_layers = {} needs [validation] seq_len > {}, found {}", m.mtp_layers,
+             m.mtp_layers, c.validation.seq_len);
+}
 
 LossParts split_loss_sums(const Tensor& sums, double divisor) {
   LossParts p;
