@@ -48,15 +48,19 @@ MT_CUDA_CASE_TEST(CudaGradGemm, MatmulAccumulateBf16IntoFloat32, "matmul_accumul
       ValueId d = bld.persistent("dst", {Shape{f.m, f.n}, DType::kF32}, ValueRole::kGradient);
       ValueId va = bld.input("a", {as, DType::kBF16}), vb = bld.input("b", {bs, DType::kBF16});
       ops::matmul_accumulate(bld, d, va, vb, f.ta, f.tb, overwrite);
-      Tensor dd = to_device(be, dst0);
-      Executor ex(g, plan_memory(g, DeviceType::kCUDA), be, nullptr);
-      ex.bind(d, dd);
-      ex.prepare();
-      be.copy(ex.tensor(va).raw(), a.raw(), a.nbytes(), CopyKind::kHostToDevice, be.stream(0));
-      be.copy(ex.tensor(vb).raw(), b.raw(), b.nbytes(), CopyKind::kHostToDevice, be.stream(0));
-      ex.run();
-      ex.run();  // twice: dst0 + 2 P, or P
-      Tensor got = to_host(be, dd);
+      // Run twice from dst0 (bindings are fixed at prepare: one executor per run).
+      auto run_twice = [&] {
+        Tensor dd = to_device(be, dst0);
+        Executor ex(g, plan_memory(g, DeviceType::kCUDA), be, nullptr);
+        ex.bind(d, dd);
+        ex.prepare();
+        be.copy(ex.tensor(va).raw(), a.raw(), a.nbytes(), CopyKind::kHostToDevice, be.stream(0));
+        be.copy(ex.tensor(vb).raw(), b.raw(), b.nbytes(), CopyKind::kHostToDevice, be.stream(0));
+        ex.run();
+        ex.run();
+        return to_host(be, dd);
+      };
+      Tensor got = run_twice();
       const double u32 = std::ldexp(1.0, -24);
       int bad = 0;
       for (int64_t i = 0; i < f.m && bad < 5; ++i)
@@ -80,17 +84,7 @@ MT_CUDA_CASE_TEST(CudaGradGemm, MatmulAccumulateBf16IntoFloat32, "matmul_accumul
                           << " (tolerance " << tol << ")";
           }
         }
-      // Bitwise repeatable: the same two runs from dst0 again, on a second executor (bindings
-      // are fixed at prepare).
-      Tensor again = to_device(be, dst0);
-      Executor ex2(g, plan_memory(g, DeviceType::kCUDA), be, nullptr);
-      ex2.bind(d, again);
-      ex2.prepare();
-      be.copy(ex2.tensor(va).raw(), a.raw(), a.nbytes(), CopyKind::kHostToDevice, be.stream(0));
-      be.copy(ex2.tensor(vb).raw(), b.raw(), b.nbytes(), CopyKind::kHostToDevice, be.stream(0));
-      ex2.run();
-      ex2.run();
-      Tensor got2 = to_host(be, again);
+      Tensor got2 = run_twice();  // bitwise repeatable
       EXPECT_EQ(std::memcmp(got.raw(), got2.raw(), got.nbytes()), 0) << "not bitwise repeatable";
       note_compared_graph(g);
     }

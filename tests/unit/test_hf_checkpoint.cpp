@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "hf_rank_run.h"
 #include "meshtrain/checkpoint/hf_checkpoint.h"
 #include "meshtrain/checkpoint/hf_export.h"
 #include "meshtrain/checkpoint/hf_io.h"
@@ -28,35 +29,6 @@ using nlohmann::json;
 
 const std::vector<std::string> kDs = {"--model.name", "deepseek_v3",      "--model.flavor",
                                       "debugmodel",   "--model.n_layers", "2"};
-
-// One (virtual) rank of a run: its graph, plan and CPU parameter store.
-struct RankRun {
-  std::unique_ptr<RankGroups> groups;
-  std::unique_ptr<StepGraph> sg;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<ParamStore> store;
-  HfRunContext ctx(std::function<void()> barrier = {}) const {
-    return HfRunContext{*sg->model,
-                        *sg->plan,
-                        *store,
-                        *backend,
-                        sg->seq_len,
-                        DType::kF32,
-                        groups ? groups->group_rank(MeshGroup::kWorld) : 0,
-                        std::move(barrier)};
-  }
-};
-
-RankRun make_run(const JobConfig& cfg, int world = 1, int rank = 0, uint64_t seed = 11) {
-  RankRun r;
-  if (world > 1)
-    r.groups = std::make_unique<RankGroups>(MeshLayout(parallel_dims_of(cfg, world)), rank);
-  r.sg = build_step_graph(cfg, r.groups.get(), {.tokenizer_vocab = 258});
-  r.backend = create_backend("cpu", 0);
-  r.store = std::make_unique<ParamStore>(*r.sg->plan, *r.backend);
-  r.store->initialize(seed);
-  return r;
-}
 
 // Non-zero expert biases, the same on every rank (they are replicated state).
 void set_biases(RankRun& r) {

@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "hf_rank_run.h"
 #include "meshtrain/checkpoint/file_io.h"
 #include "meshtrain/checkpoint/hf_checkpoint.h"
 #include "meshtrain/checkpoint/hf_io.h"
@@ -42,37 +43,6 @@ constexpr const char* kTinyV3 = R"({
   "q_lora_rank": 16, "kv_lora_rank": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
   "v_head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
   "max_position_embeddings": 64, "tie_word_embeddings": false})";
-
-struct RankRun {
-  std::unique_ptr<RankGroups> groups;
-  std::unique_ptr<StepGraph> sg;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<ParamStore> store;
-  HfRunContext ctx(std::function<void()> barrier = {}) const {
-    return HfRunContext{*sg->model,
-                        *sg->plan,
-                        *store,
-                        *backend,
-                        sg->seq_len,
-                        DType::kF32,
-                        groups ? groups->group_rank(MeshGroup::kWorld) : 0,
-                        std::move(barrier)};
-  }
-  std::vector<float> host(const std::string& name) const {
-    return store->master(name).to_vector<float>();
-  }
-};
-
-RankRun make_run(const JobConfig& cfg, uint64_t seed, int world = 1, int rank = 0) {
-  RankRun r;
-  if (world > 1)
-    r.groups = std::make_unique<RankGroups>(MeshLayout(parallel_dims_of(cfg, world)), rank);
-  r.sg = build_step_graph(cfg, r.groups.get(), {.tokenizer_vocab = 258});
-  r.backend = create_backend("cpu", 0);
-  r.store = std::make_unique<ParamStore>(*r.sg->plan, *r.backend);
-  r.store->initialize(seed);
-  return r;
-}
 
 bool is_counter(const std::string& n) { return n.find("tokens_per_expert") != std::string::npos; }
 
@@ -112,7 +82,7 @@ class HfMtp : public testing::TempDirTest {
   }
   // An HF folder saved from a seeded run with `mtp` modules.
   std::string saved(int mtp, const std::string& name, uint64_t seed = 11) {
-    RankRun a = make_run(job(mtp), seed);
+    RankRun a = make_run(job(mtp), 1, 0, seed);
     const std::string folder = (dir_ / name).string();
     save_hf_from_store(folder, a.ctx(), {});
     return folder;
@@ -121,7 +91,7 @@ class HfMtp : public testing::TempDirTest {
 };
 
 TEST_F(HfMtp, ModulesTakeTheReleaseNames) {
-  RankRun a = make_run(job(2), 1);
+  RankRun a = make_run(job(2), 1, 0, 1);
   HfLayout l(*a.sg->model, a.sg->plan->params());
   EXPECT_EQ(l.mtp_layers(), 2);
   const std::vector<std::pair<const char*, const char*>> names = {
@@ -171,14 +141,14 @@ TEST_F(HfMtp, ModulesTakeTheReleaseNames) {
   EXPECT_EQ(g.find("model.layers.3.embed_tokens.weight"), nullptr);
   EXPECT_NE(g.find("model.layers.3.eh_proj.weight"), nullptr);
   // No MTP modules: no MTP names.
-  RankRun z = make_run(job(0), 1);
+  RankRun z = make_run(job(0), 1, 0, 1);
   HfLayout zl(*z.sg->model, z.sg->plan->params());
   EXPECT_EQ(zl.mtp_layers(), 0);
   EXPECT_EQ(zl.find("model.layers.3.enorm.weight"), nullptr);
 }
 
 TEST_F(HfMtp, RoundTripIsBitwiseAndWritesTheSharedCopies) {
-  RankRun a = make_run(job(2), 11);
+  RankRun a = make_run(job(2), 1, 0, 11);
   const fs::path folder = dir_ / "d2";
   save_hf_from_store(folder.string(), a.ctx(), {.max_shard_bytes = 1 << 20});
   json c = json::parse(std::ifstream(folder / "config.json"));
@@ -193,7 +163,7 @@ TEST_F(HfMtp, RoundTripIsBitwiseAndWritesTheSharedCopies) {
     EXPECT_EQ(read_f32(folder, fmt::format("model.layers.{}.shared_head.head.weight", b)), head);
   }
   EXPECT_EQ(read_f32(folder, "model.layers.4.eh_proj.weight"), a.host("layers.4.eh_proj.weight"));
-  RankRun b = make_run(job(2), 99);
+  RankRun b = make_run(job(2), 1, 0, 99);
   load_hf_into_store(folder.string(), b.ctx());
   expect_same_state(a, b);
 }
@@ -204,7 +174,7 @@ TEST_F(HfMtp, FsdpRanksWriteWhatOneRankReadsBitwise) {
                                             "--parallelism.expert_parallel_degree", "2"};
   const int world = 4;
   std::vector<RankRun> runs;
-  for (int r = 0; r < world; ++r) runs.push_back(make_run(job(1, fsdp_ep), 11, world, r));
+  for (int r = 0; r < world; ++r) runs.push_back(make_run(job(1, fsdp_ep), world, r, 11));
   const std::string folder = (dir_ / "fsdp").string();
   std::barrier sync(world);
   std::vector<std::thread> threads;
@@ -220,15 +190,15 @@ TEST_F(HfMtp, FsdpRanksWriteWhatOneRankReadsBitwise) {
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < world; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
-  RankRun want = make_run(job(1), 11);
-  RankRun got = make_run(job(1), 5);
+  RankRun want = make_run(job(1), 1, 0, 11);
+  RankRun got = make_run(job(1), 1, 0, 5);
   load_hf_into_store(folder, got.ctx());
   expect_same_state(want, got);
   EXPECT_EQ(read_f32(folder, "model.layers.3.embed_tokens.weight"),
             want.host("tok_embeddings.weight"));
   for (int r : {1, 2}) {
-    RankRun piece = make_run(job(1, fsdp_ep), 11, world, r);
-    RankRun loaded = make_run(job(1, fsdp_ep), 7, world, r);
+    RankRun piece = make_run(job(1, fsdp_ep), world, r, 11);
+    RankRun loaded = make_run(job(1, fsdp_ep), world, r, 7);
     load_hf_into_store(folder, loaded.ctx());
     expect_same_state(piece, loaded);
   }
@@ -236,7 +206,7 @@ TEST_F(HfMtp, FsdpRanksWriteWhatOneRankReadsBitwise) {
 
 TEST_F(HfMtp, FolderWithOtherMtpLayersIsAnErrorNamingBothAndTheKey) {
   const std::string d2 = saved(2, "d2");
-  RankRun one = make_run(job(1), 3);
+  RankRun one = make_run(job(1), 1, 0, 3);
   testing::expect_error(
       ErrorKind::kConfig, [&] { load_hf_into_store(d2, one.ctx()); },
       "num_nextn_predict_layers: config.json 2, meshtrain [model] mtp_layers 1 "
@@ -251,10 +221,10 @@ TEST_F(HfMtp, FolderWithOtherMtpLayersIsAnErrorNamingBothAndTheKey) {
 }
 
 TEST_F(HfMtp, ModelWithoutMtpLoadsTheMainModelAndSaysTheMtpLayersWereNotLoaded) {
-  RankRun a = make_run(job(2), 11);
+  RankRun a = make_run(job(2), 1, 0, 11);
   const std::string folder = (dir_ / "d2").string();
   save_hf_from_store(folder, a.ctx(), {});
-  RankRun z = make_run(job(0), 4);
+  RankRun z = make_run(job(0), 1, 0, 4);
   const HfLoadReport rep = load_hf_into_store(folder, z.ctx());
   int said = 0;
   for (const std::string& n : rep.notes)
@@ -267,7 +237,7 @@ TEST_F(HfMtp, ModelWithoutMtpLoadsTheMainModelAndSaysTheMtpLayersWereNotLoaded) 
 }
 
 TEST_F(HfMtp, SharedCopiesAreCheckedAgainstTheMainTensorsNotRead) {
-  RankRun a = make_run(job(1), 11);
+  RankRun a = make_run(job(1), 1, 0, 11);
   const fs::path folder = dir_ / "d1";
   save_hf_from_store(folder.string(), a.ctx(), {});
   // Without the copies (a folder that drops them) the load is the same.
@@ -277,7 +247,7 @@ TEST_F(HfMtp, SharedCopiesAreCheckedAgainstTheMainTensorsNotRead) {
   idx["weight_map"].erase("model.layers.3.embed_tokens.weight");
   idx["weight_map"].erase("model.layers.3.shared_head.head.weight");
   std::ofstream(index) << idx.dump();
-  RankRun b = make_run(job(1), 2);
+  RankRun b = make_run(job(1), 1, 0, 2);
   load_hf_into_store(folder.string(), b.ctx());
   expect_same_state(a, b);
   // A copy that differs from the main tensor in one element is named with the
@@ -293,7 +263,7 @@ TEST_F(HfMtp, SharedCopiesAreCheckedAgainstTheMainTensorsNotRead) {
     io.seekp(at);
     io.write(reinterpret_cast<const char*>(&changed), 4);
   }
-  RankRun c = make_run(job(1), 2);
+  RankRun c = make_run(job(1), 1, 0, 2);
   testing::expect_error(
       ErrorKind::kValue, [&] { load_hf_into_store(folder.string(), c.ctx()); },
       "model.layers.3.shared_head.head.weight differs from lm_head.weight at "
@@ -354,7 +324,7 @@ TEST_F(HfMtp, Fp8MtpWeightsDequantiseLikeTheRest) {
   w.finish();
   EXPECT_TRUE(codes.count("model.layers.3.eh_proj.weight"));
   EXPECT_TRUE(codes.count("model.layers.3.mlp.experts.5.down_proj.weight"));
-  RankRun r = make_run(job(1), 8);
+  RankRun r = make_run(job(1), 1, 0, 8);
   load_hf_into_store(fp8.string(), r.ctx());
   HfLayout layout(*r.sg->model, r.sg->plan->params());
   int64_t checked = 0;
