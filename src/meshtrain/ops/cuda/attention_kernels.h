@@ -49,6 +49,23 @@ bool attention_bwd_bf16(const AttnShape& s, const void* q, const void* k, const 
                         void* dv, float* delta, cudaStream_t stream,
                         AttnBwdPasses passes = AttnBwdPasses::kAll);
 
+// ---- bf16 backward on Hopper's asynchronous path (TMA, mbarriers, wgmma; sm_90 devices) --------
+// Same head dims, shapes and fallbacks as attention_fwd_bf16_sm90 (returns false, launching
+// nothing, when it cannot run; callers then run attention_bwd_bf16). `workspace` holds
+// attention_bwd_bf16_sm90_workspace_bytes(s, variant) bytes: delta (as attention_bwd_bf16's) first,
+// then for the atomic-dQ variant an fp32 dQ accumulator. Variant 0 (the default) is deterministic
+// (a dK/dV kernel per key tile and a dQ kernel per query tile, no atomics) and needs only delta;
+// the other variant adds dQ with fp32 atomics (faster, not bitwise repeatable). `passes` as above
+// (the atomic variant's dK/dV kernel also makes dQ, so kDkdv and kDq both run all of it).
+bool attention_bwd_bf16_sm90(const AttnShape& s, const void* q, const void* k, const void* v,
+                             const void* out, const float* lse, const void* dout, void* dq,
+                             void* dk, void* dv, float* workspace, cudaStream_t stream,
+                             int variant = 0, AttnBwdPasses passes = AttnBwdPasses::kAll);
+bool attention_bwd_bf16_sm90_supports(const AttnShape& s);
+int attention_bwd_bf16_sm90_num_variants(int64_t dim_qk, int64_t dim_v);
+const char* attention_bwd_bf16_sm90_variant_name(int64_t dim_qk, int64_t dim_v, int variant);
+size_t attention_bwd_bf16_sm90_workspace_bytes(const AttnShape& s, int variant);
+
 // ---- CUDA-core path: any head dims <= 256, exact softmax, never fast ----------------------------
 // float32 / float64 (accumulating in the storage type), and bf16 storage with fp32 accumulation
 // for head dims the tensor-core kernels lack (small debug models).

@@ -59,4 +59,16 @@ inline size_t cross_entropy_workspace_bytes(int64_t rows) {
   return cross_entropy_row_bytes(rows) + reduce_workspace_bytes(rows);
 }
 
+// Hopper attention backward (attention_bwd_bf16_sm90): delta = rowsum(dout * out), B*Hq*S fp32
+// (the same as the mma.sync backward's), then, for the atomic-dQ variant only, the fp32 dQ
+// accumulator [B, S, Hq, Dqk].
+inline size_t attention_bwd_sm90_delta_bytes(int64_t batch, int64_t seq, int64_t heads_q) {
+  return align_ws(size_t(batch * heads_q * seq) * sizeof(float));
+}
+inline size_t attention_bwd_sm90_workspace_bytes(int64_t batch, int64_t seq, int64_t heads_q,
+                                                 int64_t dim_qk, bool atomic_dq) {
+  return attention_bwd_sm90_delta_bytes(batch, seq, heads_q) +
+         (atomic_dq ? align_ws(size_t(batch * seq * heads_q * dim_qk) * sizeof(float)) : 0);
+}
+
 }  // namespace meshtrain::cuda
