@@ -191,7 +191,10 @@ KernelFn make_attention_backward(const Node& n, const Graph& g) {
   // delta (rowsum(dout * out)) lives in the node's workspace (backward_workspace below).
   const size_t delta_bytes =
       size_t(s.batch * s.heads_q * s.seq) * (dtype == DType::kF64 ? sizeof(double) : sizeof(float));
-  return [s, dtype, delta_bytes](KernelContext& c) {
+  // On Hopper the TMA/wgmma backward (its deterministic default, which needs only the same delta
+  // workspace) takes the head dims it has; the mma.sync kernels run everything else.
+  const bool sm90 = dtype == DType::kBF16 && attention_bwd_bf16_sm90_supports(s);
+  return [s, dtype, delta_bytes, sm90](KernelContext& c) {
     if (s.batch * s.seq == 0) return;  // every output is empty
     if (s.heads_q == 0) {              // no query heads: dk and dv are zero (and dq is empty)
       CUDA_CHECK(cudaMemsetAsync(c.out[1].raw(), 0, c.out[1].nbytes(), stream_of(c)));
@@ -209,10 +212,14 @@ KernelFn make_attention_backward(const Node& n, const Graph& g) {
                                 out[2].raw(), static_cast<float*>(c.workspace.raw()), stream_of(c));
     } else if (dtype == DType::kBF16) {
       check_aligned16(c);
+      float* ws = static_cast<float*>(c.workspace.raw());
       const bool ran =
+          (sm90 && attention_bwd_bf16_sm90(s, in[0].raw(), in[1].raw(), in[2].raw(), in[3].raw(),
+                                           in[4].data<float>(), in[5].raw(), out[0].raw(),
+                                           out[1].raw(), out[2].raw(), ws, stream_of(c))) ||
           attention_bwd_bf16(s, in[0].raw(), in[1].raw(), in[2].raw(), in[3].raw(),
                              in[4].data<float>(), in[5].raw(), out[0].raw(), out[1].raw(),
-                             out[2].raw(), static_cast<float*>(c.workspace.raw()), stream_of(c));
+                             out[2].raw(), ws, stream_of(c));
       MT_CHECK(ran, "attention_backward bf16: no kernel for ({}, {}) after prepare checked it",
                s.dim_qk, s.dim_v);
     } else if (dtype == DType::kF32) {

@@ -107,21 +107,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < DV / 2; ++i) dv[i] = 0.f;
 
   mbar_wait(kv_full(), 0);
-  for (int t = 0; t < total; ++t) {
-    const int st = t & 1, hh = g * p.group + t / nq, m0 = (i_start + t % nq) * BM;
+  int qh = 0, qi = 0;  // (head, query tile) of iteration t, without divisions
+  for (int t = 0; t < total; ++t, qi = qi + 1 == nq ? 0 : qi + 1, qh += qi == 0) {
+    const int st = t & 1, hh = g * p.group + qh, m0 = (i_start + qi) * BM;
     const uint32_t q_t = sQ + st * C::kQBytes, do_t = sDO + st * C::kDOBytes;
     mbar_wait(full(st), (t >> 1) & 1);
 
+    // dK and dV hold (Dqk + Dv) / 2 accumulator registers (160 at 192/128), so S and dP are never
+    // live together: dP is computed beside dV += Pᵀ dO, after P is packed to bf16, and dS uses
+    // that bf16 P (the same rounding dS gets when it is packed for dK += dSᵀ Q).
     float s[32], dp[32];
     wgmma_fence();
     wgmma_n64_kmajor<DQK>(s, k_rows, BN * 128, q_t, BM * 128);
-    wgmma_n64_kmajor<DV>(dp, v_rows, BN * 128, do_t, BM * 128);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(s);
-    fence_regs(dp);
 
-    // Pᵀ = exp(scale S - lse) (0 where masked), dSᵀ = Pᵀ ∘ (dPᵀ - delta), per query column.
+    // Pᵀ = exp(scale S - lse) (0 where masked), per query column.
     const bool need_mask = m0 + BM > S || n0 + 64 * w + 64 > S || (causal && m0 < n0 + 64 * w + 63);
     const float* lse_t = sLse + st * BM;
     const float* dl_t = sDelta + st * BM;
@@ -129,21 +131,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < 8; ++j) {
       const int c = 8 * j + 2 * (lane & 3);
       const float2 l2 = *reinterpret_cast<const float2*>(lse_t + c);
-      const float2 d2 = *reinterpret_cast<const float2*>(dl_t + c);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float lse2 = ((e & 1) ? l2.y : l2.x) * kLog2e, dlt = (e & 1) ? d2.y : d2.x;
+        const float lse2 = ((e & 1) ? l2.y : l2.x) * kLog2e;
         float pe = attn::fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -lse2));
         if (need_mask) {
           const int query = m0 + c + (e & 1), key = key_lo + 8 * (e >> 1);
           if (query >= S || key >= S || (causal && key > query)) pe = 0.f;
         }
         s[4 * j + e] = pe;
-        dp[4 * j + e] = pe * (dp[4 * j + e] - dlt);
       }
     }
     uint32_t pr[16], dsr[16];
     acc_to_a_regs<64>(pr, s);
+
+    // dV += Pᵀ dO and dPᵀ = V dOᵀ.
+    wgmma_fence();
+    fence_regs(dv);
+    fence_regs(pr);
+    wgmma_regs_mnmajor<DV, BM>(dv, pr, do_t, BM * 128);
+    wgmma_n64_kmajor<DV>(dp, v_rows, BN * 128, do_t, BM * 128);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(pr);
+    fence_regs(dp);
+
+    // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c = 8 * j + 2 * (lane & 3);
+      const float2 d2 = *reinterpret_cast<const float2*>(dl_t + c);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t pp = pr[2 * j + (e >> 1)];
+        const float pe = __uint_as_float((e & 1) ? (pp & 0xffff0000u) : (pp << 16));
+        dp[4 * j + e] = pe * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+      }
+    }
     acc_to_a_regs<64>(dsr, dp);
 
     if constexpr (kAtomicDq) {
@@ -162,11 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     wgmma_fence();
-    fence_regs(dv);
     fence_regs(dk);
-    fence_regs(pr);
     fence_regs(dsr);
-    wgmma_regs_mnmajor<DV, BM>(dv, pr, do_t, BM * 128);
     wgmma_regs_mnmajor<DQK, BM>(dk, dsr, q_t, BM * 128);
     wgmma_commit();
 
@@ -200,9 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     wgmma_wait<0>();
-    fence_regs(dv);
     fence_regs(dk);
-    fence_regs(pr);
     fence_regs(dsr);
     if (lane == 0) mbar_arrive(empty(st));
   }

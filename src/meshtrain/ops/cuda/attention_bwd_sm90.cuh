@@ -28,7 +28,9 @@ struct BwdParams {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 384;                           // warpgroup 0 produces, 1 and 2 compute
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 = 64 K registers
+// setmaxnreg moves registers from the producer to the consumers within the CTA's 384 x 168:
+// (168 - 40) * 128 = (232 - 168) * 256. The producer's lse/delta loop spills at 24.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr uint32_t kConsumerWarps = 8;
 
 // dK/dV kernel: one CTA per (batch, kv head, 128 keys); consumer warpgroup w owns keys 64w..+63
