@@ -1,6 +1,7 @@
 // bench_attention: the bf16 flash-attention kernels at B=4, S=4096, H=16 (qk 192 / v 128, the
 // DeepSeek MLA shape, and 128/128), causal and not: every forward tile variant (mma.sync, then the
-// Hopper TMA/wgmma kernel's, "fwd sm90"), the backward (total and per pass) and forward+backward.
+// Hopper TMA/wgmma kernel's, "fwd sm90"), the backward (total and per pass; then "bwd sm90",
+// the Hopper backward's variants) and forward+backward.
 // Median of --iters after --warmup, CUDA events, random bf16 inputs.
 //
 // FLOP conventions (say which one a number uses when you quote it):
@@ -15,6 +16,7 @@
 //
 //   build-cuda/bench/kernels/bench_attention [--batch 4] [--seq 4096] [--heads 16]
 //                                            [--kv-heads 16] [--iters 20] [--warmup 5]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -193,6 +195,37 @@ void run_config(const Options& o, const Config& c, double ceiling, cudaStream_t 
               td.median_ms, delta_gb / (td.median_ms * 1e-3));
   print_row("  pass", "dK/dV", tkv.median_ms, f_dkdv, f_dkdv, cf, ceiling, "(exec = its own work)");
   print_row("  pass", "dQ", tq.median_ms, f_dq, f_dq, cf, ceiling, "(exec = its own work)");
+  // The Hopper backward (TMA, wgmma): every variant from the same out and lse, compared with the
+  // mma.sync backward's dq / dk. The deterministic default executes the same 7 products (its dQ
+  // kernel recomputes S and dP); the atomic-dQ variant the nominal 5.
+  const int sm90_bwd_variants = cuda::attention_bwd_bf16_sm90_num_variants(c.dqk, c.dv);
+  if (sm90_bwd_variants > 0) {
+    DeviceBuffer dq0(nq * 2), dk0(nk * 2);
+    bwd(cuda::AttnBwdPasses::kAll)();
+    CUDA_CHECK(cudaMemcpyAsync(dq0.get(), dq.get(), nq * 2, cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(dk0.get(), dk.get(), nk * 2, cudaMemcpyDeviceToDevice, stream));
+    size_t ws_bytes = 256;
+    for (int var = 0; var < sm90_bwd_variants; ++var)
+      ws_bytes = std::max(ws_bytes, cuda::attention_bwd_bf16_sm90_workspace_bytes(s, var));
+    DeviceBuffer ws(ws_bytes);
+    for (int var = 0; var < sm90_bwd_variants; ++var) {
+      const char* name = cuda::attention_bwd_bf16_sm90_variant_name(c.dqk, c.dv, var);
+      auto bwd90 = [&] {
+        if (!cuda::attention_bwd_bf16_sm90(s, q.get(), k.get(), v.get(), out0.get(), lsep,
+                                           dout.get(), dq.get(), dk.get(), dv.get(),
+                                           static_cast<float*>(ws.get()), stream, var))
+          throw std::runtime_error("the sm90 backward refused this shape or device");
+      };
+      const Timing t = time_it(bwd90, stream, o.warmup, o.iters);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      char note[96];
+      std::snprintf(note, sizeof(note), "max|Δ| vs mma.sync dq %.2e dk %.2e",
+                    max_abs_diff(dq.get(), dq0.get(), nq), max_abs_diff(dk.get(), dk0.get(), nk));
+      const bool atomic = std::string(name).find("atomic") != std::string::npos;
+      print_row("bwd sm90", name, t.median_ms, f_bwd, atomic ? f_bwd : f_bwd_exec, cf, ceiling,
+                note);
+    }
+  }
   auto fwdbwd = [&] {
     cuda::attention_fwd_bf16(s, q.get(), k.get(), v.get(), out0.get(), lsep, stream);
     bwd(cuda::AttnBwdPasses::kAll)();

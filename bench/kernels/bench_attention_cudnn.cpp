@@ -1,9 +1,9 @@
 // bench_attention_cudnn: meshtrain's bf16 flash kernels (the mma.sync forward and backward, and
-// the Hopper TMA/wgmma forward, every variant) against cuDNN's fused SDPA (backend API plans,
-// ops/cuda/cudnn_attention) in one invocation. First correctness on small odd shapes (each output
-// against a float64 CPU reference and against meshtrain's kernels, outputs NaN-poisoned before
-// every run, fresh random inputs), then timings at B 4, S 4096, H 16, causal, bf16, for
-// (Dqk, Dv) = (192, 128) and (128, 128): median of --iters after --warmup, CUDA events.
+// the Hopper TMA/wgmma forward and backward, every variant) against cuDNN's fused SDPA (backend
+// API plans, ops/cuda/cudnn_attention) in one invocation. First correctness on small odd shapes
+// (each output against a float64 CPU reference and against meshtrain's kernels, outputs
+// NaN-poisoned before every run, fresh random inputs), then timings at B 4, S 4096, H 16, causal,
+// bf16, for (Dqk, Dv) = (192, 128) and (128, 128): median of --iters after --warmup, CUDA events.
 //
 // FLOPs (stated in the table): causal counts half of S² ("causal = ½"): forward
 // 2·B·H·S²·(Dqk + Dv) / 2, backward 2.5 × forward.
@@ -156,7 +156,7 @@ void poison(std::initializer_list<DeviceBuffer*> bufs) {
 struct Problem {
   cuda::AttnShape s;
   size_t nq, no, nl;
-  DeviceBuffer q, k, v, dout, out, lse, dq, dk, dv, delta;
+  DeviceBuffer q, k, v, dout, out, lse, dq, dk, dv, delta, ws90;
   explicit Problem(const cuda::AttnShape& sh)
       : s(sh),
         nq(size_t(sh.batch * sh.seq * sh.heads_q * sh.dim_qk)),
@@ -171,7 +171,15 @@ struct Problem {
         dq(nq * 2),
         dk(nq * 2),
         dv(no * 2),
-        delta(nl * 4) {}
+        delta(nl * 4),
+        ws90(sm90_bwd_workspace(sh)) {}
+  // The Hopper backward's workspace: delta, plus the fp32 dQ accumulator of the atomic variant.
+  static size_t sm90_bwd_workspace(const cuda::AttnShape& sh) {
+    size_t b = 256;
+    for (int v = 0; v < cuda::attention_bwd_bf16_sm90_num_variants(sh.dim_qk, sh.dim_v); ++v)
+      b = std::max(b, cuda::attention_bwd_bf16_sm90_workspace_bytes(sh, v));
+    return b;
+  }
   void meshtrain_fwd(cudaStream_t st) {
     if (!cuda::attention_fwd_bf16(s, q.get(), k.get(), v.get(), out.get(),
                                   static_cast<float*>(lse.get()), st))
@@ -187,6 +195,12 @@ struct Problem {
     cuda::attention_bwd_bf16(s, q.get(), k.get(), v.get(), out.get(),
                              static_cast<const float*>(lse.get()), dout.get(), dq.get(), dk.get(),
                              dv.get(), static_cast<float*>(delta.get()), st);
+  }
+  void sm90_bwd(cudaStream_t st, int variant) {
+    if (!cuda::attention_bwd_bf16_sm90(
+            s, q.get(), k.get(), v.get(), out.get(), static_cast<const float*>(lse.get()),
+            dout.get(), dq.get(), dk.get(), dv.get(), static_cast<float*>(ws90.get()), st, variant))
+      throw std::runtime_error("the sm90 backward refused this shape or device");
   }
   void cudnn_fwd(DeviceBuffer& ws, cudaStream_t st) {
     cuda::cudnn_attention_fwd(s, q.get(), k.get(), v.get(), out.get(),
@@ -274,6 +288,30 @@ bool check_small(const cuda::AttnShape& s, uint64_t seed, cudaStream_t st) {
         rel_err(o, mt.out));
     ok = ok && e_out <= 1e-2 && e_lse <= 1e-4;
   }
+  // The Hopper backward from the sm90 forward's out and lse; the default must repeat bitwise.
+  for (int var = 0; var < cuda::attention_bwd_bf16_sm90_num_variants(s.dim_qk, s.dim_v); ++var) {
+    poison({&p.dq, &p.dk, &p.dv, &p.ws90});
+    p.sm90_bwd(st, var);
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    Outputs o = read(p);
+    o.out = ref.out;  // not this pass's output
+    o.lse = ref.lse;
+    const std::string who = std::string("sm90 bwd ") +
+                            cuda::attention_bwd_bf16_sm90_variant_name(s.dim_qk, s.dim_v, var);
+    print_errors(who.c_str(), "float64", o, ref);
+    for (double e : {rel_err(o.dq, ref.dq), rel_err(o.dk, ref.dk), rel_err(o.dv, ref.dv)})
+      ok = ok && e <= 1e-2;
+    if (var == 0) {
+      const auto dq0 = raw(p.dq), dk0 = raw(p.dk), dv0 = raw(p.dv);
+      poison({&p.dq, &p.dk, &p.dv, &p.ws90});
+      p.sm90_bwd(st, 0);
+      CUDA_CHECK(cudaStreamSynchronize(st));
+      const bool same = raw(p.dq) == dq0 && raw(p.dk) == dk0 && raw(p.dv) == dv0;
+      std::printf("    sm90 bwd default run twice: %s\n",
+                  same ? "bitwise equal" : "DIFFERS bitwise");
+      ok = ok && same;
+    }
+  }
 
   print_plans(s);
   DeviceBuffer ws(workspace_for(s));
@@ -335,6 +373,29 @@ void time_config(const Options& o, int64_t dqk, int64_t dv, cudaStream_t st) {
   row("meshtrain (mma.sync)", "backward", f_bwd, [&] { p.meshtrain_bwd(st); });
   CUDA_CHECK(cudaStreamSynchronize(st));
   const Outputs mt = read(p);
+  for (int var = 0; var < cuda::attention_bwd_bf16_sm90_num_variants(dqk, dv); ++var) {
+    const std::string name =
+        std::string("sm90 ") + cuda::attention_bwd_bf16_sm90_variant_name(dqk, dv, var);
+    row(name.c_str(), "backward", f_bwd, [&] { p.sm90_bwd(st, var); });
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    Outputs o = read(p);
+    o.out = mt.out;
+    o.lse = mt.lse;
+    print_errors(("full size: " + name).c_str(), "mma.sync", o, mt);
+  }
+  {  // Repeatability of the default (deterministic) sm90 backward at full size.
+    p.sm90_bwd(st, 0);
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    const auto dq0 = raw(p.dq), dk0 = raw(p.dk), dv0 = raw(p.dv);
+    int equal = 0;
+    for (int r = 0; r < 5; ++r) {
+      poison({&p.dq, &p.dk, &p.dv});
+      p.sm90_bwd(st, 0);
+      CUDA_CHECK(cudaStreamSynchronize(st));
+      equal += raw(p.dq) == dq0 && raw(p.dk) == dk0 && raw(p.dv) == dv0;
+    }
+    std::printf("    full size: sm90 default backward: %d of 5 repeats bitwise equal\n", equal);
+  }
   poison({&p.out, &p.lse});
   p.sm90_fwd(st, 0);
   CUDA_CHECK(cudaStreamSynchronize(st));
@@ -358,6 +419,10 @@ void time_config(const Options& o, int64_t dqk, int64_t dv, cudaStream_t st) {
   row("meshtrain (sm90 fwd)", "fwd+bwd", f_fwd + f_bwd, [&] {
     p.sm90_fwd(st, 0);
     p.meshtrain_bwd(st);
+  });
+  row("meshtrain (sm90 fwd+bwd)", "fwd+bwd", f_fwd + f_bwd, [&] {
+    p.sm90_fwd(st, 0);
+    p.sm90_bwd(st, 0);
   });
   row("cuDNN deterministic", "fwd+bwd", f_fwd + f_bwd, [&] {
     p.cudnn_fwd(ws, st);

@@ -1,10 +1,11 @@
-// Hopper attention forward (ops/cuda/attention_fwd_sm90.cu). First the probes of hopper_mma.cuh,
-// one case each so the first failure names the layer: K-major wgmma from shared memory,
-// register-A wgmma with an MN-major B, TMA load/store. Then every variant of the kernel against a
-// float64 CPU reference on fresh random bf16 inputs (odd S, S below one tile, B·H odd, GQA, both
-// head-dim pairs, causal and not), outputs NaN-poisoned with a poisoned guard past each buffer that
-// must stay untouched; the default variant repeats bitwise. Probe data are small integers, so the
-// fp32 products are exact and compared exactly.
+// Hopper attention forward and backward (ops/cuda/attention_fwd_sm90.cu, attention_bwd_sm90.cu).
+// First the probes of hopper_mma.cuh, one case each so the first failure names the layer: K-major
+// wgmma from shared memory, register-A wgmma with an MN-major B, TMA load/store. Then every variant
+// of the kernel against a float64 CPU reference on fresh random bf16 inputs (odd S, S below one
+// tile, B·H odd, GQA, both head-dim pairs, causal and not), outputs NaN-poisoned with a poisoned
+// guard past each buffer that must stay untouched; the default variant repeats bitwise. The same
+// for the backward's variants. Probe data are small integers, so the fp32 products are exact and
+// compared exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -321,6 +322,140 @@ TEST(CudaAttentionSm90, EveryVariantMatchesFloat64Reference) {
   }
 }
 
+// ---- the backward kernels
+// ----------------------------------------------------------------------
+
+struct BwdRef {
+  std::vector<double> dq, dk, dv;
+};
+
+// FA2's backward in float64 from the reference forward: P = exp(scale q kᵀ - lse), dV = Pᵀ dO,
+// dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale dS K, dK = scale dSᵀ Q (GQA heads summed).
+BwdRef reference_bwd(const AttnShape& s, const std::vector<uint16_t>& q,
+                     const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
+                     const std::vector<uint16_t>& dout, const Ref& f) {
+  const int64_t S = s.seq, Hq = s.heads_q, Hk = s.heads_kv, Dq = s.dim_qk, Dv = s.dim_v;
+  BwdRef r{std::vector<double>(q.size()), std::vector<double>(k.size()),
+           std::vector<double>(v.size())};
+  auto qi = [&](int64_t b, int64_t i, int64_t h) { return size_t(((b * S + i) * Hq + h)); };
+  auto ki = [&](int64_t b, int64_t j, int64_t g) { return size_t(((b * S + j) * Hk + g)); };
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t g = h / (Hq / Hk);
+      for (int64_t i = 0; i < S; ++i) {
+        double dlt = 0;
+        for (int64_t d = 0; d < Dv; ++d)
+          dlt += value(dout[qi(b, i, h) * Dv + d]) * f.out[qi(b, i, h) * Dv + d];
+        const double lse = f.lse[size_t((b * Hq + h) * S + i)];
+        for (int64_t j = 0; j < (s.causal ? i + 1 : S); ++j) {
+          double sc = 0, dp = 0;
+          for (int64_t d = 0; d < Dq; ++d)
+            sc += value(q[qi(b, i, h) * Dq + d]) * value(k[ki(b, j, g) * Dq + d]);
+          for (int64_t d = 0; d < Dv; ++d)
+            dp += value(dout[qi(b, i, h) * Dv + d]) * value(v[ki(b, j, g) * Dv + d]);
+          const double pr = std::exp(sc * s.scale - lse), ds = pr * (dp - dlt) * s.scale;
+          for (int64_t d = 0; d < Dv; ++d)
+            r.dv[ki(b, j, g) * Dv + d] += pr * value(dout[qi(b, i, h) * Dv + d]);
+          for (int64_t d = 0; d < Dq; ++d) {
+            r.dq[qi(b, i, h) * Dq + d] += ds * value(k[ki(b, j, g) * Dq + d]);
+            r.dk[ki(b, j, g) * Dq + d] += ds * value(q[qi(b, i, h) * Dq + d]);
+          }
+        }
+      }
+    }
+  return r;
+}
+
+std::vector<double> bf16_values(const std::vector<uint8_t>& raw, size_t n) {
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t u;
+    std::memcpy(&u, &raw[i * 2], 2);
+    out[i] = value(u);
+  }
+  return out;
+}
+
+void check_backward(const AttnShape& s, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto random = [&](int64_t n, double lo, double hi) {
+    std::uniform_real_distribution<double> u(lo, hi);
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = bits(u(rng));
+    return v;
+  };
+  const int64_t nq = s.batch * s.seq * s.heads_q * s.dim_qk, nk = s.batch * s.seq * s.heads_kv;
+  const int64_t no = s.batch * s.seq * s.heads_q * s.dim_v, nl = s.batch * s.heads_q * s.seq;
+  const auto hq = random(nq, -2, 2), hk = random(nk * s.dim_qk, -2, 2);
+  const auto hv = random(nk * s.dim_v, -1, 1), hdo = random(no, -1, 1);
+  const Ref f = reference(s, hq, hk, hv);
+  const BwdRef ref = reference_bwd(s, hq, hk, hv, hdo, f);
+  // The backward reads the forward's outputs: out as bf16, lse as fp32.
+  std::vector<uint16_t> ho(size_t(no), 0);
+  for (size_t i = 0; i < ho.size(); ++i) ho[i] = bits(f.out[i]);
+  std::vector<float> hl(f.lse.begin(), f.lse.end());
+  Buf q(size_t(nq) * 2), k(size_t(nk * s.dim_qk) * 2), v(size_t(nk * s.dim_v) * 2);
+  Buf out(size_t(no) * 2), dout(size_t(no) * 2), lse(size_t(nl) * 4);
+  Buf dq(q.bytes), dk(k.bytes), dv(v.bytes);
+  for (auto [buf, host] : {std::pair{&q, &hq}, {&k, &hk}, {&v, &hv}, {&out, &ho}, {&dout, &hdo}})
+    upload(*buf, *host);
+  CUDA_CHECK(cudaMemcpy(lse.p, hl.data(), lse.bytes, cudaMemcpyHostToDevice));
+  Stream& stream = cudatest::cuda_backend().stream(0);
+  auto st = static_cast<cudaStream_t>(stream.native_handle());
+  const int variants = cuda::attention_bwd_bf16_sm90_num_variants(s.dim_qk, s.dim_v);
+  ASSERT_GE(variants, 2) << case_name(s) << ": a deterministic and an atomic-dQ variant";
+  size_t ws_bytes = 0;
+  for (int var = 0; var < variants; ++var)
+    ws_bytes = std::max(ws_bytes, cuda::attention_bwd_bf16_sm90_workspace_bytes(s, var));
+  Buf ws(ws_bytes);
+  std::vector<uint8_t> first[3];
+  for (int var = 0; var <= variants; ++var) {  // the last pass repeats the default
+    const int which = var == variants ? 0 : var;
+    SCOPED_TRACE(fmt::format("sm90 backward '{}' {} (seed {})",
+                             cuda::attention_bwd_bf16_sm90_variant_name(s.dim_qk, s.dim_v, which),
+                             case_name(s), seed));
+    Buf* outs[3] = {&dq, &dk, &dv};
+    for (Buf* o : outs) cudatest::poison(o->p, o->bytes + kGuard, stream);
+    cudatest::poison(ws.p, ws.bytes + kGuard, stream);
+    ASSERT_TRUE(cuda::attention_bwd_bf16_sm90(s, q.p, k.p, v.p, out.p,
+                                              static_cast<const float*>(lse.p), dout.p, dq.p, dk.p,
+                                              dv.p, static_cast<float*>(ws.p), st, which))
+        << "the sm90 backward refused the shape (is this GPU compute capability 9.0?)";
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    const char* names[3] = {"dq", "dk", "dv"};
+    const std::vector<double>* want[3] = {&ref.dq, &ref.dk, &ref.dv};
+    for (int o = 0; o < 3; ++o) {
+      const std::vector<uint8_t> raw = outs[o]->get();
+      for (size_t i = 0; i < kGuard; ++i)
+        ASSERT_EQ(raw[outs[o]->bytes + i], 0xFF) << names[o] << " written past its end, byte " << i;
+      expect_rel(bf16_values(raw, outs[o]->bytes / 2), *want[o], 1e-2, names[o]);
+      if (var == 0) {
+        first[o].assign(raw.begin(), raw.begin() + ptrdiff_t(outs[o]->bytes));
+      } else if (var == variants) {
+        EXPECT_TRUE(std::equal(first[o].begin(), first[o].end(), raw.begin()))
+            << names[o] << ": the default (deterministic) variant differs bitwise between runs";
+      }
+    }
+  }
+}
+
+TEST(CudaAttentionSm90, BackwardEveryVariantMatchesFloat64Reference) {
+  const uint64_t seed = cudatest::fresh_seed();
+  const AttnShape cases[] = {
+      shape(2, 200, 4, 2, 192, true),   // GQA, one full and one partial key tile
+      shape(1, 333, 3, 1, 192, false),  // non-causal, odd S, three q heads on one kv head
+      shape(3, 129, 2, 2, 128, true),   // one row past a tile
+      shape(1, 50, 5, 5, 192, true),    // S below one warpgroup's 64 rows, B·H = 5
+      shape(1, 517, 2, 1, 128, false),  // five key tiles, the last one partial
+      shape(1, 1000, 2, 2, 192, true),  // eight key tiles: both stages wrap many times
+      shape(1, 256, 2, 2, 128, true),   // exact tile multiples
+      shape(1, 300, 8, 2, 128, true)};  // GQA 4:1: four heads walked per kv-head CTA
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    SCOPED_TRACE(case_name(cases[i]));
+    check_backward(cases[i], seed + 100 + i);
+  }
+}
+
 TEST(CudaAttentionSm90, RefusesWhatItCannotRun) {
   Buf a(1 << 16), b(1 << 16), c(1 << 16), d(1 << 16), l(1 << 16);
   cudaStream_t st = static_cast<cudaStream_t>(cudatest::cuda_backend().stream(0).native_handle());
@@ -335,6 +470,10 @@ TEST(CudaAttentionSm90, RefusesWhatItCannotRun) {
   EXPECT_FALSE(runs({1, 16, 2, 2, 128, 128, 0.1, true}, static_cast<char*>(a.p) + 2))
       << "q not 16-byte aligned";
   EXPECT_TRUE(runs({1, 16, 2, 2, 128, 128, 0.1, true}, a.p)) << "a shape it has";
+  EXPECT_EQ(cuda::attention_bwd_bf16_sm90_num_variants(64, 64), 0);
+  EXPECT_FALSE(cuda::attention_bwd_bf16_sm90_supports({1, 16, 2, 2, 64, 64, 0.125, true}));
+  EXPECT_FALSE(cuda::attention_bwd_bf16_sm90_supports({1, 16, 3, 2, 128, 128, 0.1, true}));
+  EXPECT_TRUE(cuda::attention_bwd_bf16_sm90_supports({1, 16, 2, 2, 192, 128, 0.1, true}));
   CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
