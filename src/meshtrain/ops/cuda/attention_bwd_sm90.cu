@@ -172,17 +172,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     acc_to_a_regs<64>(dsr, dp);
 
     if constexpr (kAtomicDq) {
-      // dSᵀ [64 keys][64 queries] bf16 into this warpgroup's staging tile (the A operand of
-      // dQ += dS K, MN-major). The previous iteration's readers finished at its wait_group 0.
-      const uint32_t ds_w = sDS + w * C::kDSBytes;
+      // dSᵀ bf16 into rows 64w.. of this stage's [128 keys][64 queries] tile (the A operand of
+      // dQ += dS K, MN-major). Its readers of two iterations ago are done: both warpgroups passed
+      // the last iteration's barrier after their wait_group 0.
+      const uint32_t ds_t = sDS + st * C::kDSBytes;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(
-                           ds_w + sw128_offset(64, row_in_wg + 8 * r, 8 * j + 2 * (lane & 3))),
-                       "r"(dsr[2 * j + r])
-                       : "memory");
+          asm volatile(
+              "st.shared.u32 [%0], %1;\n" ::"r"(
+                  ds_t + sw128_offset(BN, 64 * w + row_in_wg + 8 * r, 8 * j + 2 * (lane & 3))),
+              "r"(dsr[2 * j + r])
+              : "memory");
       fence_proxy_async_smem();
     }
 
@@ -193,18 +195,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
 
     if constexpr (kAtomicDq) {
-      named_bar_sync(1 + w, 128);  // the warpgroup's dSᵀ tile is complete
-      const uint32_t ds_w = sDS + w * C::kDSBytes;
-      const uint64_t da = wgmma_desc_sw128(ds_w, C::kDSBytes, kSw128Sbo);
+      named_bar_sync(1, 256);  // both warpgroups' halves of the dSᵀ tile are in place
+      const uint64_t da = wgmma_desc_sw128(sDS + st * C::kDSBytes, C::kDSBytes, kSw128Sbo);
       float* dq_rows = p.dq_accum + (int64_t(b) * S + m0) * p.heads_q * DQK + int64_t(hh) * DQK;
+      // The CTA's dQ partial over all 128 keys (one atomic add per element per key tile): warpgroup
+      // w takes the 64-column chunks c = w, w + 2, ...
 #pragma unroll 1
-      for (int c = 0; c < DQK / 64; ++c) {
-        // dQ[64 queries][64c..+63] = dS (M = queries, K = this warpgroup's 64 keys) K[keys][..].
-        const uint64_t db = wgmma_desc_sw128(k_rows + c * BN * 128, BN * 128, kSw128Sbo);
+      for (int c = w; c < DQK / 64; c += 2) {
+        // dQ[64 queries][64c..+63] = dS (M = queries, K = the 128 keys) K[keys][64c..].
+        const uint64_t db = wgmma_desc_sw128(sK + c * BN * 128, BN * 128, kSw128Sbo);
         float acc[32];
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
+        for (int ks = 0; ks < BN / 16; ++ks)
           wgmma_m64n64k16_ss<1, 1>(acc, da + ((ks * 2048) >> 4), db + ((ks * 2048) >> 4), ks > 0);
         wgmma_commit();
         wgmma_wait<0>();

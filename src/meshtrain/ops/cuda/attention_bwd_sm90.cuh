@@ -27,7 +27,7 @@ struct BwdParams {
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kThreads = 384;                           // warpgroup 0 produces, 1 and 2 compute
+constexpr int kThreads = 384;  // warpgroup 0 produces, 1 and 2 compute
 // setmaxnreg moves registers from the producer to the consumers within the CTA's 384 x 168:
 // (168 - 40) * 128 = (232 - 168) * 256. The producer's lse/delta loop spills at 24.
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
@@ -36,18 +36,18 @@ constexpr uint32_t kConsumerWarps = 8;
 // dK/dV kernel: one CTA per (batch, kv head, 128 keys); consumer warpgroup w owns keys 64w..+63
 // (wgmma's M is 64 per warpgroup and its dK, dV accumulators take (Dqk + Dv) / 2 registers per
 // thread, so two warpgroups of 64 keys each share every Q / dO tile). Q, dO (64 query rows) and
-// lse, delta stream through a two-stage ring; K and V stay. With the atomic dQ, each warpgroup
-// stages its dSᵀ [64 keys][64 queries] bf16 for dQ += dS K.
+// lse, delta stream through a two-stage ring; K and V stay. With the atomic dQ, the two
+// warpgroups stage dSᵀ [128 keys][64 queries] bf16 (two stages) for dQ += dS K over all 128 keys.
 template <int DQK, int DV>
 struct DkdvConfig {
   static constexpr int kBN = 128, kBM = 64, kStages = 2;
   static constexpr uint32_t kKBytes = kBN * DQK * 2, kVBytes = kBN * DV * 2;
   static constexpr uint32_t kQBytes = kBM * DQK * 2, kDOBytes = kBM * DV * 2;
-  static constexpr uint32_t kDSBytes = 64 * kBM * 2;  // per consumer warpgroup
+  static constexpr uint32_t kDSBytes = kBN * kBM * 2;  // per stage: [128 keys][64 queries]
   static constexpr uint32_t kKOff = 0, kVOff = kKBytes, kQOff = kVOff + kVBytes;
   static constexpr uint32_t kDOOff = kQOff + kStages * kQBytes;
   static constexpr uint32_t kDSOff = kDOOff + kStages * kDOBytes;
-  static constexpr uint32_t kLseOff = kDSOff + 2 * kDSBytes;  // [stage][kBM] lse, then delta
+  static constexpr uint32_t kLseOff = kDSOff + kStages * kDSBytes;  // [stage][kBM] lse, then delta
   static constexpr uint32_t kBarOff = kLseOff + kStages * 2 * kBM * 4;
   static constexpr size_t kSmem = kBarOff + 8 * 8 + 1024;  // + alignment slack
   static_assert(DQK % 64 == 0 && DV == 128, "dV += Pᵀ dO is one m64n128 wgmma per k16 step");
