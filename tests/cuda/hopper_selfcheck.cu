@@ -1,6 +1,7 @@
 // GPU probes of the Hopper building blocks (see hopper_selfcheck.h): each kernel runs one
-// warpgroup through exactly the helpers the attention forward uses, with operands placed by plain
-// stores at the swizzled offsets hopper::sw128_offset names, and returns raw results to the host.
+// warpgroup through exactly the helpers the attention forward and backward use, with operands
+// placed by plain stores at the swizzled offsets hopper::sw128_offset names, and returns raw
+// results to the host.
 #include <stdexcept>
 #include <string>
 
@@ -90,6 +91,87 @@ __global__ void __launch_bounds__(128)
   store_acc(d, c);
 }
 
+// C[64 x 64] = A[64 x K] B[64 x K]ᵀ through wgmma_m64n64k16_ss<kTransA, kTransB>: an operand is
+// stored K-major ([64 rows][K], two 64-column blocks) or, transposed, MN-major ([K rows][64]).
+template <int kTransA, int kTransB>
+__global__ void __launch_bounds__(128) n64_kernel(const uint16_t* a, const uint16_t* b, float* c) {
+  extern __shared__ unsigned char raw[];
+  unsigned char* p = nullptr;
+  const uint32_t base = aligned_base(raw, &p);
+  constexpr int K = kN64K;
+  constexpr uint32_t kB = 64 * K * 2;
+  auto offset = [](bool trans, int row, int k) {
+    return trans ? sw128_offset(K, k, row) : sw128_offset(64, row, k);
+  };
+  for (int i = int(threadIdx.x); i < 64 * K; i += 128) {
+    *reinterpret_cast<uint16_t*>(p + offset(kTransA, i / K, i % K)) = a[i];
+    *reinterpret_cast<uint16_t*>(p + kB + offset(kTransB, i / K, i % K)) = b[i];
+  }
+  fence_proxy_async_smem();
+  __syncthreads();
+  // K-major: LBO unused, the k16 step moves 32 bytes inside a 64-column block (blocks 64 rows x
+  // 128 bytes apart). MN-major: LBO = the (unused, one block) step between 64-element blocks,
+  // the k16 step moves 16 rows.
+  const uint64_t da = wgmma_desc_sw128(base, kTransA ? K * 128 : kKMajorLbo, kSw128Sbo);
+  const uint64_t db = wgmma_desc_sw128(base + kB, kTransB ? K * 128 : kKMajorLbo, kSw128Sbo);
+  auto step = [](bool trans, int ks) {
+    return uint32_t(trans ? ks * 16 * 128 : (ks / 4) * 64 * 128 + (ks % 4) * 32) >> 4;
+  };
+  float d[32];
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks)
+    wgmma_m64n64k16_ss<kTransA, kTransB>(d, da + step(kTransA, ks), db + step(kTransB, ks), ks > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(d);
+  const int t = int(threadIdx.x), w = t / 32, l = t % 32;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      c[(16 * w + l / 4 + 8 * (e / 2)) * 64 + 8 * j + 2 * (l % 4) + e % 2] = d[4 * j + e];
+}
+
+// C[64 x 192] = P[64 x 64] B[64 x 192]: P through the m64n64 accumulator layout and
+// acc_to_a_regs<64>, B MN-major (three [64][64] column blocks), wgmma_m64n192k16_rs_bt.
+__global__ void __launch_bounds__(128) n192_kernel(const float* pm, const uint16_t* b, float* c) {
+  extern __shared__ unsigned char raw[];
+  unsigned char* p = nullptr;
+  const uint32_t base = aligned_base(raw, &p);
+  for (int i = int(threadIdx.x); i < 64 * 192; i += 128)
+    *reinterpret_cast<uint16_t*>(p + sw128_offset(64, i / 192, i % 192)) = b[i];
+  fence_proxy_async_smem();
+  __syncthreads();
+  const int t = int(threadIdx.x), w = t / 32, l = t % 32;
+  float s[32];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      s[4 * j + e] = pm[(16 * w + l / 4 + 8 * (e / 2)) * 64 + 8 * j + 2 * (l % 4) + e % 2];
+  uint32_t a[16];
+  acc_to_a_regs<64>(a, s);
+  float d[96];
+#pragma unroll
+  for (int i = 0; i < 96; ++i) d[i] = 0.f;
+  const uint64_t db = wgmma_desc_sw128(base, 64 * 128, kSw128Sbo);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t ak[4] = {a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]};
+    wgmma_m64n192k16_rs_bt(d, ak, db + ((k * 16 * 128) >> 4), 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(d);
+#pragma unroll
+  for (int j = 0; j < 24; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      c[(16 * w + l / 4 + 8 * (e / 2)) * 192 + 8 * j + 2 * (l % 4) + e % 2] = d[4 * j + e];
+}
+
 __global__ void tma_kernel(const __grid_constant__ CUtensorMap src,
                            const __grid_constant__ CUtensorMap dst, uint16_t* smem_out,
                            TmaProbe t) {
@@ -172,6 +254,39 @@ std::vector<float> wgmma_regs_mnmajor(const std::vector<float>& p, const std::ve
   allow_smem(regs_mnmajor_kernel, smem);
   regs_mnmajor_kernel<<<1, 128, smem>>>(dp.p, dv.p, dc.p, swap_strides ? 1 : 0);
   CUDA_CHECK_LAUNCH("hopper selfcheck regs_mnmajor_kernel");
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return dc.get();
+}
+
+std::vector<float> wgmma_m64n64(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
+                                bool trans_a, bool trans_b) {
+  if (a.size() != size_t(64 * kN64K) || b.size() != size_t(64 * kN64K))
+    throw std::invalid_argument("wgmma_m64n64: A and B must be 64 x 128");
+  Dev<uint16_t> da(a), db(b);
+  Dev<float> dc(64 * 64);
+  const size_t smem = size_t(2 * 64 * kN64K * 2 + 1024);
+  auto run = [&](auto kernel) {
+    allow_smem(kernel, smem);
+    kernel<<<1, 128, smem>>>(da.p, db.p, dc.p);
+  };
+  if (trans_a)
+    trans_b ? run(n64_kernel<1, 1>) : run(n64_kernel<1, 0>);
+  else
+    trans_b ? run(n64_kernel<0, 1>) : run(n64_kernel<0, 0>);
+  CUDA_CHECK_LAUNCH("hopper selfcheck n64_kernel");
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return dc.get();
+}
+
+std::vector<float> wgmma_regs_n192(const std::vector<float>& p, const std::vector<uint16_t>& b) {
+  if (p.size() != size_t(64 * 64) || b.size() != size_t(64 * 192))
+    throw std::invalid_argument("wgmma_regs_n192: P must be 64 x 64 and B 64 x 192");
+  Dev<float> dp(p), dc(64 * 192);
+  Dev<uint16_t> dbuf(b);
+  const size_t smem = size_t(64 * 192 * 2 + 1024);
+  allow_smem(n192_kernel, smem);
+  n192_kernel<<<1, 128, smem>>>(dp.p, dbuf.p, dc.p);
+  CUDA_CHECK_LAUNCH("hopper selfcheck n192_kernel");
   CUDA_CHECK(cudaDeviceSynchronize());
   return dc.get();
 }

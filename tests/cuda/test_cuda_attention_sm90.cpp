@@ -92,6 +92,53 @@ TEST(CudaHopperSelfCheck, WgmmaRegisterAMnMajorBMatchesCpu) {
   }
 }
 
+// Exact comparison of a rows x cols product (row-major), naming the first mismatches.
+int count_mismatches_n(const std::vector<float>& got, const std::vector<double>& want, int cols,
+                       std::string* first) {
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (double(got[i]) != want[i] && ++bad <= 6)
+      *first += fmt::format(" (row {}, col {}): got {} want {};", i / size_t(cols),
+                            i % size_t(cols), got[i], want[i]);
+  return bad;
+}
+
+TEST(CudaHopperSelfCheck, WgmmaM64N64EveryOperandLayoutMatchesCpu) {
+  cudatest::cuda_backend();  // a clear failure where there is no GPU
+  std::mt19937_64 rng(cudatest::fresh_seed());
+  const int K = hp::kN64K;
+  const auto a = small_ints(size_t(64 * K), rng, -3, 3), b = small_ints(size_t(64 * K), rng, -3, 3);
+  std::vector<double> want(64 * 64, 0.0);
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 64; ++j)
+      for (int k = 0; k < K; ++k)
+        want[size_t(i * 64 + j)] += value(a[size_t(i * K + k)]) * value(b[size_t(j * K + k)]);
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      std::string first;
+      const int bad = count_mismatches_n(hp::wgmma_m64n64(a, b, ta, tb), want, 64, &first);
+      EXPECT_EQ(bad, 0) << "C = A Bᵀ by m64n64k16, A " << (ta ? "MN" : "K") << "-major, B "
+                        << (tb ? "MN" : "K") << "-major:" << first << " (" << kLayoutHint << ")";
+    }
+}
+
+TEST(CudaHopperSelfCheck, WgmmaRegisterAN192MatchesCpu) {
+  cudatest::cuda_backend();  // a clear failure where there is no GPU
+  std::mt19937_64 rng(cudatest::fresh_seed());
+  std::vector<float> p(64 * 64);
+  for (float& x : p) x = float(int(rng() % 5) - 2);
+  const auto b = small_ints(64 * 192, rng, -3, 3);
+  std::vector<double> want(64 * 192, 0.0);
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 192; ++j)
+      for (int k = 0; k < 64; ++k)
+        want[size_t(i * 192 + j)] += double(p[size_t(i * 64 + k)]) * value(b[size_t(k * 192 + j)]);
+  std::string first;
+  const int bad = count_mismatches_n(hp::wgmma_regs_n192(p, b), want, 192, &first);
+  EXPECT_EQ(bad, 0) << "C = P B by m64n192k16, P from registers, B MN-major in three blocks:"
+                    << first << " (" << kLayoutHint << ")";
+}
+
 // One box of `t` through TMA: the shared-memory image must be the source rows at the swizzled
 // offsets (rows past the sequence zero), and the store must write exactly the in-range rows.
 void check_tma(const hp::TmaProbe& t, uint64_t seed) {
