@@ -244,7 +244,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // One CTA per (batch, q head, 128 queries) recomputes S = Q Kᵀ and dP = dO Vᵀ per key tile of 64
 // and accumulates dQ += dS K in registers (K as MN-major B): each dQ element is summed by one
 // thread in ascending key order, so repeated runs agree bitwise.
-template <int DQK, int DV>
+// kPipe: the S and dP of key tile j + 1 are issued right behind dQ += dS K of tile j, so the
+// tensor cores go from one to the other without waiting for this warpgroup's issue (S, dP and dQ
+// take 160 accumulator registers at 192/128, leaving room for the second set of S and dP).
+template <int DQK, int DV, bool kPipe>
 __global__ void __launch_bounds__(kThreads, 1) dq_sm90_kernel(const __grid_constant__ BwdParams p) {
   using C = DqConfig<DQK, DV>;
   constexpr int BM = C::kBM, BN = C::kBN;
@@ -322,18 +325,33 @@ __global__ void __launch_bounds__(kThreads, 1) dq_sm90_kernel(const __grid_const
   for (int i = 0; i < DQK / 2; ++i) dq[i] = 0.f;
 
   mbar_wait(q_full(), 0);
-  for (int it = 0; it < n_tiles; ++it) {
-    const int st = it & 1, n0 = it * BN;
-    const uint32_t k_t = sK + st * C::kKBytes, v_t = sV + st * C::kVBytes;
+  float s[32], dp[32];
+  // S = Q Kᵀ and dP = dO Vᵀ of key tile `it`, once its stage has landed (not committed).
+  auto issue_scores = [&](int it) {
+    const int st = it & 1;
     mbar_wait(kv_full(st), (it >> 1) & 1);
-    float s[32], dp[32];
+    wgmma_n64_kmajor<DQK>(s, q_rows, BM * 128, sK + st * C::kKBytes, BN * 128);
+    wgmma_n64_kmajor<DV>(dp, do_rows, BM * 128, sV + st * C::kVBytes, BN * 128);
+  };
+  if constexpr (kPipe) {
     wgmma_fence();
-    wgmma_n64_kmajor<DQK>(s, q_rows, BM * 128, k_t, BN * 128);
-    wgmma_n64_kmajor<DV>(dp, do_rows, BM * 128, v_t, BN * 128);
+    issue_scores(0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(s);
     fence_regs(dp);
+  }
+  for (int it = 0; it < n_tiles; ++it) {
+    const int st = it & 1, n0 = it * BN;
+    const uint32_t k_t = sK + st * C::kKBytes;
+    if constexpr (!kPipe) {
+      wgmma_fence();
+      issue_scores(it);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s);
+      fence_regs(dp);
+    }
     const bool need_mask =
         n0 + BN > S || m0 + 64 * w + 64 > S || (causal && n0 + BN - 1 > m0 + 64 * w);
 #pragma unroll
@@ -354,10 +372,22 @@ __global__ void __launch_bounds__(kThreads, 1) dq_sm90_kernel(const __grid_const
     fence_regs(dsr);
     wgmma_regs_mnmajor<DQK, BN>(dq, dsr, k_t, BN * 128);
     wgmma_commit();
-    wgmma_wait<0>();
+    const bool next = kPipe && it + 1 < n_tiles;
+    if (next) {
+      issue_scores(it + 1);  // the fence above covers s and dp (last touched before it)
+      wgmma_commit();
+      wgmma_wait<1>();  // groups retire in order: dQ of this tile is done
+    } else {
+      wgmma_wait<0>();
+    }
     fence_regs(dq);
     fence_regs(dsr);
     if (lane == 0) mbar_arrive(kv_empty(st));
+    if (next) {
+      wgmma_wait<0>();
+      fence_regs(s);
+      fence_regs(dp);
+    }
   }
   const int64_t ldq = int64_t(p.heads_q) * DQK;
   store_rows_bf16<DQK>(p.dq + (int64_t(b) * S + m0 + 64 * w) * ldq + int64_t(h) * DQK, ldq, dq,
@@ -428,10 +458,10 @@ void launch_dkdv(const AttnShape& s, const Buffers& x, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH("attention_bwd_dkdv_bf16_sm90");
 }
 
-template <int DQK, int DV>
+template <int DQK, int DV, bool kPipe>
 void launch_dq(const AttnShape& s, const Buffers& x, cudaStream_t stream) {
   using C = DqConfig<DQK, DV>;
-  constexpr auto kernel = dq_sm90_kernel<DQK, DV>;
+  constexpr auto kernel = dq_sm90_kernel<DQK, DV, kPipe>;
   attn::set_smem_limit_once<kernel>(C::kSmem);
   const BwdParams p = make_params(s, x, C::kBM, C::kBN);
   const dim3 grid(unsigned(s.batch * s.heads_q), unsigned((s.seq + C::kBM - 1) / C::kBM));
@@ -440,7 +470,7 @@ void launch_dq(const AttnShape& s, const Buffers& x, cudaStream_t stream) {
 }
 
 // The dK/dV and dQ stages of one variant (delta is computed before either).
-template <int DQK, int DV, bool kAtomicDq>
+template <int DQK, int DV, bool kAtomicDq, bool kPipe = false>
 void run(const AttnShape& s, const Buffers& x, cudaStream_t stream, AttnBwdPasses passes) {
   const bool all = passes == AttnBwdPasses::kAll;
   if constexpr (kAtomicDq) {
@@ -457,7 +487,8 @@ void run(const AttnShape& s, const Buffers& x, cudaStream_t stream, AttnBwdPasse
     }
   } else {
     if (all || passes == AttnBwdPasses::kDkdv) launch_dkdv<DQK, DV, false>(s, x, stream);
-    if (s.heads_q > 0 && (all || passes == AttnBwdPasses::kDq)) launch_dq<DQK, DV>(s, x, stream);
+    if (s.heads_q > 0 && (all || passes == AttnBwdPasses::kDq))
+      launch_dq<DQK, DV, kPipe>(s, x, stream);
   }
 }
 
@@ -472,8 +503,10 @@ struct Variant {
 constexpr Variant kVariants[] = {
     {192, 128, false, "wgmma dkdv + dq pass", &run<192, 128, false>},
     {192, 128, true, "wgmma atomic dq (nondeterministic)", &run<192, 128, true>},
+    {192, 128, false, "wgmma dkdv + dq pass pipelined", &run<192, 128, false, true>},
     {128, 128, false, "wgmma dkdv + dq pass", &run<128, 128, false>},
     {128, 128, true, "wgmma atomic dq (nondeterministic)", &run<128, 128, true>},
+    {128, 128, false, "wgmma dkdv + dq pass pipelined", &run<128, 128, false, true>},
 };
 
 const Variant* find_variant(int64_t dqk, int64_t dv, int variant) {
