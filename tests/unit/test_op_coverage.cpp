@@ -49,6 +49,9 @@ const Exemptions kNoGradcheck = {
     {"matmul_accumulate",
      "a sink: matmul's product added into a gradient buffer in place; its value is matmul's "
      "(gradchecked), test_fuse_grad_matmul.cpp checks the kernel"},
+    {"grouped_matmul_wgrad_accumulate",
+     "a sink: grouped_matmul_wgrad's product added into a gradient buffer in place; "
+     "test_grouped_wgrad_accumulate.cpp checks the kernel"},
     {"adamw_update", "the optimizer update, in place (tests/unit/test_optim.cpp)"},
     {"cast_into", "writes a master's compute copy in place (tests/unit/test_compute_copies.cpp)"},
     {"expert_bias_update", "the load-balancing bias update, in place (test_ops_load_balance.cpp)"},

@@ -1,4 +1,5 @@
-// grouped_matmul / grouped_matmul_wgrad: shape inference and the backward rule.
+// grouped_matmul / grouped_matmul_wgrad: shape inference and the backward rule; and
+// grouped_matmul_wgrad_accumulate, the weight gradient written into its float32 buffer.
 #include "meshtrain/moe/grouped_matmul.h"
 
 namespace meshtrain::ops {
@@ -60,6 +61,27 @@ std::vector<TensorMeta> infer_wgrad(const std::vector<TensorMeta>& in, const Att
   return {{Shape{e, a.shape[1], b.shape[1]}, a.dtype}};
 }
 
+// (dst, a, b, groups): dst must hold wgrad's [E, P, Q] in float32 for bf16 operands, else in the
+// operands' dtype.
+std::vector<TensorMeta> infer_wgrad_accumulate(const std::vector<TensorMeta>& in, const Attrs& at) {
+  MT_CHECK_T(ShapeError, in.size() == 4,
+             "grouped_matmul_wgrad_accumulate takes (dst, a, b, groups), found {} inputs",
+             in.size());
+  const TensorMeta product = infer_wgrad({in[1], in[2], in[3]}, at).at(0);
+  const TensorMeta& dst = in[0];
+  MT_CHECK_T(ShapeError, dst.shape.numel() == product.shape.numel(),
+             "grouped_matmul_wgrad_accumulate: the destination {} holds {} elements, the "
+             "product {} holds {}",
+             dst.shape, dst.shape.numel(), product.shape, product.shape.numel());
+  MT_CHECK_T(
+      ValueError,
+      dst.dtype == product.dtype || (product.dtype == DType::kBF16 && dst.dtype == DType::kF32),
+      "grouped_matmul_wgrad_accumulate: a {} destination for {} operands (expected the "
+      "operands' dtype, or float32 for bfloat16 operands)",
+      dst.dtype, product.dtype);
+  return {};
+}
+
 }  // namespace
 
 ValueId grouped_matmul(Builder& b, ValueId x, ValueId w, ValueId groups, bool transpose_w) {
@@ -68,6 +90,11 @@ ValueId grouped_matmul(Builder& b, ValueId x, ValueId w, ValueId groups, bool tr
 
 ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups) {
   return b.op1("grouped_matmul_wgrad", {a, bm, groups});
+}
+
+void grouped_matmul_wgrad_accumulate(Builder& b, ValueId dst, ValueId a, ValueId bm, ValueId groups,
+                                     bool overwrite) {
+  b.op(kGroupedWgradAccumulateOp, {dst, a, bm, groups}, {{"overwrite", int64_t(overwrite)}});
 }
 
 MT_REGISTER_OPS {
@@ -87,7 +114,19 @@ MT_REGISTER_OPS {
                   return g;
                 },
             .compute_heavy = true});
-  r.add_op({.name = "grouped_matmul_wgrad", .infer = infer_wgrad, .compute_heavy = true});
+  r.add_op({.name = "grouped_matmul_wgrad",
+            .infer = infer_wgrad,
+            .compute_heavy = true,
+            .accumulating_form = kGroupedWgradAccumulateOp});
+  // A gradient sink like matmul_accumulate (no outputs, not differentiable); the cost model
+  // counts 2 · C · P · Q (every routed row once).
+  r.add_op({.name = kGroupedWgradAccumulateOp,
+            .infer = infer_wgrad_accumulate,
+            .side_effect = true,
+            .compute_heavy = true,
+            .flops = [](const std::vector<TensorMeta>& in, const Attrs&) {
+              return 2 * in.at(1).shape[0] * in.at(1).shape[1] * in.at(2).shape[1];
+            }});
 }
 
 }  // namespace meshtrain::ops

@@ -17,6 +17,13 @@ ValueId grouped_matmul(Builder& b, ValueId x, ValueId w, ValueId groups, bool tr
 // zero for experts that received no rows. The weight gradient of grouped_matmul.
 ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups);
 
+inline constexpr const char* kGroupedWgradAccumulateOp = "grouped_matmul_wgrad_accumulate";
+// grouped_matmul_wgrad's accumulating form, a gradient sink (graph/passes/fuse_grad_matmul):
+// dst [E, P, Q] (float32 for bf16 operands, else the operands' dtype) += the product, or = it when
+// `overwrite` (experts with no rows then get zeros; otherwise they are left as they are).
+void grouped_matmul_wgrad_accumulate(Builder& b, ValueId dst, ValueId a, ValueId bm, ValueId groups,
+                                     bool overwrite);
+
 // Checks that a groups tensor is int32 [2, experts] (ShapeError naming the op).
 void check_groups(const TensorMeta& groups, int64_t experts, const char* op);
 // Checks host values of groups [2, E] against a buffer of `rows` rows: each group inside it and

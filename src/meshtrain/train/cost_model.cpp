@@ -73,6 +73,7 @@ ThroughputTable default_throughput_table(DeviceType device) {
     t.flops_per_s = {{ops::kMatmulOp, 1.034e11},
                      {"grouped_matmul", 3.355e10},
                      {"grouped_matmul_wgrad", 3.396e10},
+                     {"grouped_matmul_wgrad_accumulate", 3.396e10},  // assumed: wgrad's rate
                      {ops::kAttentionOp, 1.048e10},
                      {ops::kAttentionBackwardOp, 1.155e10}};
   } else {
@@ -88,6 +89,7 @@ ThroughputTable default_throughput_table(DeviceType device) {
     t.default_bytes_per_s = 3.4e12;
     t.flops_per_s = {{"grouped_matmul", 440e12},
                      {"grouped_matmul_wgrad", 440e12},
+                     {"grouped_matmul_wgrad_accumulate", 440e12},
                      {ops::kAttentionOp, 302e12},
                      {ops::kAttentionBackwardOp, 197e12}};
   }

@@ -1,8 +1,10 @@
 // CPU grouped GEMM: one OpenBLAS call per expert on its group's rows (row-major cblas_?gemm);
-// groups are validated against the buffer first, since their counts are data.
+// groups are validated against the buffer first, since their counts are data. The accumulating
+// wgrad sums bf16 operands in float32 straight into the float32 gradient (no bf16 rounding).
 #include "meshtrain/moe/grouped_matmul.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "meshtrain/ops/cpu/cpu_blas.h"
 #include "meshtrain/ops/cpu/cpu_kernel.h"
@@ -32,6 +34,29 @@ void wgrad(const T* a, const T* b, const int32_t* g, T* out, int64_t e, int64_t 
   }
 }
 
+// dst[e] (+)= a_eᵀ b_e in T; experts with no rows are zeroed when overwriting, else untouched.
+template <typename T>
+void wgrad_into(const T* a, const T* b, const int32_t* g, T* dst, int64_t e, int64_t p, int64_t q,
+                bool overwrite) {
+  for (int64_t ex = 0; ex < e; ++ex) {
+    const int64_t start = g[ex], count = g[e + ex];
+    T* de = dst + ex * p * q;
+    if (count == 0) {
+      if (overwrite) std::fill_n(de, p * q, T(0));
+      continue;
+    }
+    gemm<T>(true, false, p, q, count, T(1), a + start * p, p, b + start * q, q,
+            overwrite ? T(0) : T(1), de, q);
+  }
+}
+
+std::vector<float> widened(const Tensor& t) {
+  std::vector<float> out(size_t(t.numel()));
+  const BFloat16* p = static_cast<const BFloat16*>(t.raw());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
+  return out;
+}
+
 MT_REGISTER_OPS {
   add_cpu_kernel("grouped_matmul", [](KernelContext& c) {
     const Shape& xs = c.in[0].shape();
@@ -52,6 +77,24 @@ MT_REGISTER_OPS {
     MT_DISPATCH_FLOAT(c.in[0].dtype(), "grouped_matmul_wgrad", [&] {
       wgrad(in_ptr<scalar_t>(c, 0), in_ptr<scalar_t>(c, 1), in_ptr<int32_t>(c, 2),
             out_ptr<scalar_t>(c, 0), e, as[1], bs[1]);
+    });
+  });
+  add_cpu_kernel(ops::kGroupedWgradAccumulateOp, [](KernelContext& c) {
+    const Shape& as = c.in[1].shape();
+    const Shape& bs = c.in[2].shape();
+    const int64_t e = c.in[3].shape()[1], p = as[1], q = bs[1];
+    const bool overwrite = c.attrs().b("overwrite");
+    const int32_t* g = in_ptr<int32_t>(c, 3);
+    ops::check_group_rows(g, e, as[0], ops::kGroupedWgradAccumulateOp);
+    if (p == 0 || q == 0) return;
+    if (c.in[1].dtype() == DType::kBF16) {
+      const std::vector<float> a = widened(c.in[1]), b = widened(c.in[2]);
+      wgrad_into(a.data(), b.data(), g, inout_ptr<float>(c, 0), e, p, q, overwrite);
+      return;
+    }
+    MT_DISPATCH_FLOAT(c.in[1].dtype(), ops::kGroupedWgradAccumulateOp, [&] {
+      wgrad_into(in_ptr<scalar_t>(c, 1), in_ptr<scalar_t>(c, 2), g, inout_ptr<scalar_t>(c, 0), e, p,
+                 q, overwrite);
     });
   });
 }

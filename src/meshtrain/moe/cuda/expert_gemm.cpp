@@ -58,7 +58,11 @@ ExpertGemm::ExpertGemm(int device, const ExpertGemmShape& s, size_t max_workspac
                                           uint64_t(s.ta ? s.m : s.k), s.lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b_, elem, uint64_t(s.tb ? s.n : s.k),
                                           uint64_t(s.tb ? s.k : s.n), s.ldb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c_, elem, uint64_t(s.m), uint64_t(s.n), s.ldc));
+  MT_CHECK_T(ValueError, !s.f32_out || s.dtype == DType::kBF16,
+             "expert GEMM on CUDA: a float32 output is for bfloat16 operands, found {}",
+             dtype_name(s.dtype));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c_, s.f32_out ? CUDA_R_32F : elem, uint64_t(s.m),
+                                          uint64_t(s.n), s.ldc));
 
   static std::mutex mu;
   static std::map<std::tuple<int, ExpertGemmShape, size_t>,
@@ -132,8 +136,8 @@ void ExpertGemm::run(int64_t extent, const void* a, const void* b, void* c, void
       workspace_bytes < max_workspace_ || uintptr_t(workspace) % 256 != 0)
     return classic(extent, a, b, c, blas);
   set_extent(extent);
-  const float alpha32 = 1.0f, beta32 = 0.0f;
-  const double alpha64 = 1.0, beta64 = 0.0;
+  const float alpha32 = 1.0f, beta32 = shape_.accumulate ? 1.0f : 0.0f;
+  const double alpha64 = 1.0, beta64 = shape_.accumulate ? 1.0 : 0.0;
   const bool f64 = shape_.dtype == DType::kF64;
   CUBLAS_CHECK(cublasLtMatmul(lt_, desc_, f64 ? static_cast<const void*>(&alpha64) : &alpha32, a,
                               layout_a_, b, layout_b_,
@@ -144,16 +148,17 @@ void ExpertGemm::run(int64_t extent, const void* a, const void* b, void* c, void
 void ExpertGemm::classic(int64_t extent, const void* a, const void* b, void* c,
                          cublasHandle_t blas) const {
   const ExpertGemmShape& s = shape_;
-  const float alpha32 = 1.0f, beta32 = 0.0f;
-  const double alpha64 = 1.0, beta64 = 0.0;
+  const float alpha32 = 1.0f, beta32 = s.accumulate ? 1.0f : 0.0f;
+  const double alpha64 = 1.0, beta64 = s.accumulate ? 1.0 : 0.0;
   const bool f64 = s.dtype == DType::kF64;
   const cudaDataType_t t = element_type(s.dtype);
+  const cudaDataType_t tc = s.f32_out ? CUDA_R_32F : t;
   const int n = int(s.vary_k ? s.n : extent), k = int(s.vary_k ? extent : s.k);
   CUBLAS_CHECK(cublasGemmEx(blas, s.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                             s.tb ? CUBLAS_OP_T : CUBLAS_OP_N, int(s.m), n, k,
                             f64 ? static_cast<const void*>(&alpha64) : &alpha32, a, t, int(s.lda),
                             b, t, int(s.ldb), f64 ? static_cast<const void*>(&beta64) : &beta32, c,
-                            t, int(s.ldc), compute_type(s.dtype), CUBLAS_GEMM_DEFAULT));
+                            tc, int(s.ldc), compute_type(s.dtype), CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace meshtrain::cuda

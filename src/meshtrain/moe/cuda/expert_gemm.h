@@ -19,7 +19,7 @@
 
 namespace meshtrain::cuda {
 
-// Column-major C[m, n] = op(A) op(B) with beta 0 (cuBLAS's convention): A is stored
+// Column-major C[m, n] = op(A) op(B) (+ C with `accumulate`; cuBLAS's convention): A is stored
 // [ta ? k : m] x [ta ? m : k] with leading dim lda, B [tb ? n : k] x [tb ? k : n] with ldb, C
 // [m, n] with ldc. Either n (the rows of an expert's input) or k (wgrad's sum over an expert's
 // rows) varies per launch from 1 to the value given here.
@@ -28,7 +28,9 @@ struct ExpertGemmShape {
   bool ta = false, tb = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldc = 0;
-  bool vary_k = false;  // false: n varies; true: k varies
+  bool vary_k = false;      // false: n varies; true: k varies
+  bool f32_out = false;     // C is float32 for bf16 operands (the wgrad into its fp32 gradient)
+  bool accumulate = false;  // beta 1: C += product
   auto operator<=>(const ExpertGemmShape&) const = default;
 };
 

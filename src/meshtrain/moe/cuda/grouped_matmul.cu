@@ -3,7 +3,9 @@
 // fp64) with an algorithm chosen before the first step for the expert's row count (expert_gemm.h),
 // spread over a few streams so several experts' tiles share the GPU; one small kernel
 // writes zeros into the rows outside every group (padding and slack), so no memset of the whole
-// buffer. grouped_matmul_wgrad zeroes only the experts that received no rows.
+// buffer. grouped_matmul_wgrad zeroes only the experts that received no rows; its accumulating
+// form (grouped_matmul_wgrad_accumulate) writes the float32 gradient itself, beta 0 when it
+// overwrites (zeroing empty experts) and 1 after (leaving them).
 //
 // Host sync: cuBLAS takes each GEMM's extents on the host, and the group counts are data (the
 // router's choices of this step). When the groups come from moe_dispatch_plan, the plan has
@@ -287,28 +289,42 @@ KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
   };
 }
 
-KernelFn make_grouped_wgrad(const Node& node, const Graph& graph) {
-  const TensorMeta& am = graph.value(node.inputs.at(0)).meta;
-  const TensorMeta& gm = graph.value(node.inputs.at(2)).meta;
+// grouped_matmul_wgrad (out = c.out[0], inputs from 0) and its accumulating form (out = the
+// destination c.in[0], inputs from 1; `into` set): the same expert GEMMs, the latter's C float32
+// for bf16 operands and beta 1 unless it overwrites.
+KernelFn make_wgrad_kernel(const Node& node, const Graph& graph, bool into) {
+  const int first = into ? 1 : 0;
+  const TensorMeta& am = graph.value(node.inputs.at(first)).meta;
+  const TensorMeta& bm = graph.value(node.inputs.at(first + 1)).meta;
+  const ValueId groups = node.inputs.at(first + 2);
   cuda_type(am.dtype);
-  const TensorMeta& bm = graph.value(node.inputs.at(1)).meta;
-  auto st = std::make_shared<GroupedState>(graph, node.inputs.at(2), gm.shape[1], am.dtype,
-                                           wgrad_shape(am, bm));
-  return [st](KernelContext& c) {
-    const int64_t rows = c.in[0].shape()[0], p = c.in[0].shape()[1], q = c.in[1].shape()[1];
+  ExpertGemmShape shape = wgrad_shape(am, bm);
+  const bool overwrite = !into || node.attrs.b("overwrite");
+  if (into) {
+    shape.f32_out = graph.value(node.inputs.at(0)).meta.dtype != am.dtype;
+    shape.accumulate = !overwrite;
+  }
+  const char* what = into ? ops::kGroupedWgradAccumulateOp : "grouped_matmul_wgrad";
+  auto st = std::make_shared<GroupedState>(graph, groups, graph.value(groups).meta.shape[1],
+                                           am.dtype, shape);
+  const size_t out_elem = shape.f32_out ? sizeof(float) : dtype_size(am.dtype);
+  return [st, first, into, overwrite, what, out_elem](KernelContext& c) {
+    const Tensor& ta = c.in[first];
+    const Tensor& tb = c.in[first + 1];
+    const int64_t rows = ta.shape()[0], p = ta.shape()[1], q = tb.shape()[1];
     const int64_t e = st->experts;
     const size_t elem = dtype_size(st->dtype);
-    const int32_t* g = st->host_groups(c, c.in[2], rows, "grouped_matmul_wgrad");
+    const int32_t* g = st->host_groups(c, c.in[first + 2], rows, what);
     st->fork_slots(c);
-    const char* a = static_cast<const char*>(c.in[0].raw());
-    const char* b = static_cast<const char*>(c.in[1].raw());
-    char* out = static_cast<char*>(c.out[0].raw());
+    const char* a = static_cast<const char*>(ta.raw());
+    const char* b = static_cast<const char*>(tb.raw());
+    char* out = static_cast<char*>(into ? c.in[0].raw() : c.out[0].raw());
     for (int64_t ex = 0; ex < e; ++ex) {
       const int64_t start = g[ex], count = g[e + ex];
-      char* oe = out + size_t(ex * p * q) * elem;
+      char* oe = out + size_t(ex * p * q) * out_elem;
       if (p == 0 || q == 0) continue;
       if (count == 0) {
-        CUDA_CHECK(cudaMemsetAsync(oe, 0, size_t(p * q) * elem, stream_of(c)));
+        if (overwrite) CUDA_CHECK(cudaMemsetAsync(oe, 0, size_t(p * q) * out_elem, stream_of(c)));
         continue;
       }
       // Row-major out_e[p, q] = a_eᵀ b_e; column-major: out_eᵀ[q, p] = b_eᵀ · a_e, where b_e
@@ -329,8 +345,12 @@ size_t gemm_workspace(const std::vector<TensorMeta>&, const std::vector<TensorMe
 MT_REGISTER_OPS {
   OpRegistry::instance().add_kernel_factory("grouped_matmul", DeviceType::kCUDA,
                                             make_grouped_matmul, gemm_workspace);
-  OpRegistry::instance().add_kernel_factory("grouped_matmul_wgrad", DeviceType::kCUDA,
-                                            make_grouped_wgrad, gemm_workspace);
+  OpRegistry::instance().add_kernel_factory(
+      "grouped_matmul_wgrad", DeviceType::kCUDA,
+      [](const Node& n, const Graph& g) { return make_wgrad_kernel(n, g, false); }, gemm_workspace);
+  OpRegistry::instance().add_kernel_factory(
+      ops::kGroupedWgradAccumulateOp, DeviceType::kCUDA,
+      [](const Node& n, const Graph& g) { return make_wgrad_kernel(n, g, true); }, gemm_workspace);
 }
 
 }  // namespace
