@@ -12,6 +12,7 @@
 #include "meshtrain/ops/cross_entropy.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/embedding.h"
+#include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/ops/optimizer_ops.h"
 #include "meshtrain/ops/rmsnorm.h"
 #include "meshtrain/ops/rope.h"
@@ -140,22 +141,27 @@ MT_CUDA_CASE_TEST(CudaNnOps, SwigluForwardBackward, "swiglu", "swiglu_backward")
     }
 }
 
-OpCase cross_entropy_case(DType dt, int64_t n, int64_t v) {
-  InputSpec logits{Shape{n, v}, dt};
-  logits.lo = -4, logits.hi = 4;
+// The labels [n] of a loss over v classes (about one in ten is ignore_index) and its count [1].
+std::vector<InputSpec> label_inputs(int64_t n, int64_t v) {
   InputSpec labels{Shape{n}, DType::kI32};
   labels.differentiable = false;
   labels.gen = [v](std::mt19937_64& rng, int64_t) {
-    // About one label in ten is ignore_index.
     if (std::uniform_int_distribution<int>(0, 9)(rng) == 0) return -100.0;
     return double(std::uniform_int_distribution<int64_t>(0, v - 1)(rng));
   };
   InputSpec count{Shape{1}, DType::kI64};
   count.differentiable = false;
   count.gen = [n](std::mt19937_64&, int64_t) { return double(n + 3); };
+  return {labels, count};
+}
+
+OpCase cross_entropy_case(DType dt, int64_t n, int64_t v) {
+  InputSpec logits{Shape{n, v}, dt};
+  logits.lo = -4, logits.hi = 4;
+  const std::vector<InputSpec> lc = label_inputs(n, v);
   return {
       .name = fmt::format("cross_entropy/{}/N={}/V={}", dtype_name(dt), n, v),
-      .inputs = {logits, labels, count},
+      .inputs = {logits, lc[0], lc[1]},
       .build = [](Builder& b, const V& x) { return V{ops::cross_entropy(b, x[0], x[1], x[2])}; }};
 }
 
@@ -179,6 +185,29 @@ TEST(CudaNnOps, CrossEntropyLossIsFloat32ForBf16Logits) {
 
 TEST(CudaNnOps, CrossEntropyIsBitwiseReproducible) {
   expect_reproducible(cross_entropy_case(DType::kBF16, 256, 5000));
+}
+
+// The fused output head and loss against the CPU's (float32 for bf16): loss, and through its
+// scale_by backward the gradients of h and w; N not a multiple of chunk_rows.
+OpCase linear_cross_entropy_case(DType dt, int64_t n, int64_t d, int64_t v, int64_t chunk) {
+  InputSpec h{Shape{n, d}, dt};
+  InputSpec w{Shape{v, d}, dt};
+  w.lo = -0.1, w.hi = 0.1;
+  const std::vector<InputSpec> lc = label_inputs(n, v);
+  return {.name = fmt::format("linear_cross_entropy/{}/N={}/D={}/V={}/chunk={}", dtype_name(dt), n,
+                              d, v, chunk),
+          .inputs = {h, w, lc[0], lc[1]},
+          .build = [chunk](Builder& b, const V& x) {
+            return V{ops::linear_cross_entropy(b, x[0], x[1], x[2], x[3], true, chunk).loss};
+          }};
+}
+
+MT_CUDA_CASE_TEST(CudaNnOps, LinearCrossEntropyForwardBackward, "linear_cross_entropy",
+                  "scale_by") {
+  expect_case(linear_cross_entropy_case(DType::kBF16, 1000, 256, 5000, 384));
+  expect_case(linear_cross_entropy_case(DType::kF32, 300, 64, 999, 128));   // odd V: scalar loads
+  expect_case(linear_cross_entropy_case(DType::kBF16, 40, 32, 700, 1000));  // one chunk
+  expect_reproducible(linear_cross_entropy_case(DType::kBF16, 1000, 256, 5000, 384));
 }
 
 MT_CUDA_CASE_TEST(CudaNnOps, SumSquares, "sum_squares") {
@@ -240,6 +269,43 @@ MT_CUDA_CASE_TEST(CudaNnOps, AccumulateFloat32FromFloat32AndBf16AddOrOverwrite, 
       for (int64_t i = 0; i < s.numel(); ++i) {
         const float x_i = float(src.item_as_double(i));
         const float want = overwrite ? x_i : (dst0.data<float>()[i] + x_i) + x_i;
+        ASSERT_EQ(float(got[size_t(i)]), want) << "element " << i;
+      }
+      note_compared_graph(g);
+    }
+}
+
+// scale_by_accumulate (a sink, like accumulate): float32 dst (+)= x · s for float32 and bf16 x.
+MT_CUDA_CASE_TEST(CudaNnOps, ScaleByAccumulateAddOrOverwrite, "scale_by_accumulate") {
+  Backend& be = cuda_backend();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (bool overwrite : {false, true})
+    for (DType src_dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(fmt::format("scale_by_accumulate float32 {}= {} (seed {})", overwrite ? "" : "+",
+                               dtype_name(src_dt), seed));
+      const Shape s{1031, 3};
+      Tensor dst0 = random_host(s, DType::kF32, rng, -1, 1);
+      Tensor src = random_host(s, src_dt, rng, -1, 1);
+      Tensor k = random_host(Shape{1}, DType::kF32, rng, 0.5, 2);
+      Graph g;
+      Builder b(g);
+      ValueId d = b.persistent("dst", {s, DType::kF32}, ValueRole::kState);
+      ValueId x = b.input("src", {s, src_dt});
+      ValueId sc = b.input("scale", {Shape{1}, DType::kF32});
+      ops::scale_by_accumulate(b, d, x, sc, overwrite);
+      Tensor dd = to_device(be, dst0);
+      Executor ex(g, plan_memory(g, DeviceType::kCUDA), be, nullptr);
+      ex.bind(d, dd);
+      ex.prepare();
+      be.copy(ex.tensor(x).raw(), src.raw(), src.nbytes(), CopyKind::kHostToDevice, be.stream(0));
+      be.copy(ex.tensor(sc).raw(), k.raw(), k.nbytes(), CopyKind::kHostToDevice, be.stream(0));
+      ex.run();
+      std::vector<double> got = host_values(to_host(be, dd));
+      const float kf = k.data<float>()[0];
+      for (int64_t i = 0; i < s.numel(); ++i) {
+        const float y = float(src.item_as_double(i)) * kf;
+        const float want = overwrite ? y : y + dst0.data<float>()[i];
         ASSERT_EQ(float(got[size_t(i)]), want) << "element " << i;
       }
       note_compared_graph(g);

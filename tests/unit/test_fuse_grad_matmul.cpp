@@ -14,6 +14,7 @@
 #include "meshtrain/graph/passes/fuse_grad_matmul.h"
 #include "meshtrain/ir/builder.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/runtime/backend.h"
@@ -85,8 +86,9 @@ TEST(FuseGradMatmul, LeavesSameDtypeSharedAndNonViewChains) {
 
 // The step graph of a bf16-compute run on one rank (the graph builds anywhere; only CUDA runs
 // it): every dense weight's gradient is written by its GEMM (Llama: wq wk wv wo w1 w2 w3 per
-// layer and the output head); the sinks left with a bf16 source are the norms' and the
-// embedding's, whose gradients are no matmul. The float32 graph keeps its sinks.
+// layer), the output head's by scale_by_accumulate (the fused output loss's dw times dloss);
+// the sinks left with a bf16 source are the norms' and the embedding's, whose gradients are no
+// matmul. The float32 graph keeps its sinks.
 TEST(FuseGradMatmul, Bf16StepGraphWritesEveryDenseWeightGradientFromItsGemm) {
   const JobConfig cfg =
       parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/llama3_debug.toml", {});
@@ -100,7 +102,8 @@ TEST(FuseGradMatmul, Bf16StepGraphWritesEveryDenseWeightGradientFromItsGemm) {
                                                 .overwrite_grads = true});
   const int layers = int(bf16->model->n_layers());
   EXPECT_EQ(bf16->fused_grad_matmuls, 7 * layers + 1);
-  EXPECT_EQ(live(bf16->graph, ops::kMatmulAccumulateOp), 7 * layers + 1);
+  EXPECT_EQ(live(bf16->graph, ops::kMatmulAccumulateOp), 7 * layers);
+  EXPECT_EQ(live(bf16->graph, ops::kScaleByAccumulateOp), 1);
   int bf16_sinks = 0;
   for (const Node& n : bf16->graph.nodes()) {
     if (n.dead || n.op != "accumulate") continue;
@@ -108,11 +111,24 @@ TEST(FuseGradMatmul, Bf16StepGraphWritesEveryDenseWeightGradientFromItsGemm) {
     if (src.meta.dtype != DType::kBF16) continue;
     ++bf16_sinks;
     EXPECT_NE(bf16->graph.node(src.producer).op, "matmul") << n.scope;
+    EXPECT_NE(bf16->graph.node(src.producer).op, ops::kScaleByOp) << n.scope;
   }
   EXPECT_EQ(bf16_sinks, 2 * layers + 2);  // attention_norm, ffn_norm; norm, tok_embeddings
   auto f32 = build_step_graph(cfg, &groups, StepGraphOptions{.tokenizer_vocab = 258});
   EXPECT_EQ(f32->fused_grad_matmuls, 0);
   EXPECT_EQ(live(f32->graph, ops::kMatmulAccumulateOp), 0);
+  // The unfused output loss: the head's gradient is a matmul again, written by its GEMM.
+  const JobConfig unfused =
+      parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/llama3_debug.toml",
+                       {"--model.fused_output_loss", "false"});
+  auto bf16u = build_step_graph(unfused, &groups,
+                                StepGraphOptions{.tokenizer_vocab = 258,
+                                                 .compute_dtype = DType::kBF16,
+                                                 .master_dtype = DType::kF32,
+                                                 .reduce_dtype = DType::kF32,
+                                                 .overwrite_grads = true});
+  EXPECT_EQ(live(bf16u->graph, ops::kMatmulAccumulateOp), 7 * layers + 1);
+  EXPECT_EQ(live(bf16u->graph, ops::kScaleByAccumulateOp), 0);
 }
 
 // Fills a CPU executor's input with uniform values in [-1, 1) rounded to its dtype; returns them.

@@ -31,6 +31,9 @@ const Exemptions kNoGradcheck = {
     // Backward kernels: their values are the gradients their forward op's gradcheck checks.
     {"attention_backward", "attention's backward kernel (OpsAttention.GradCheck)"},
     {"cross_entropy_backward", "cross_entropy's backward kernel"},
+    {"scale_by",
+     "linear_cross_entropy's backward (its gradients times dloss): "
+     "OpsLinearCrossEntropy.GradCheckHAndW differentiates through it"},
     {"embedding_backward", "embedding's backward kernel"},
     {"grouped_matmul_wgrad", "grouped_matmul's weight-gradient kernel"},
     {"moe_row_dot", "moe_combine's score-gradient kernel"},
@@ -52,6 +55,9 @@ const Exemptions kNoGradcheck = {
     {"grouped_matmul_wgrad_accumulate",
      "a sink: grouped_matmul_wgrad's product added into a gradient buffer in place; "
      "test_grouped_wgrad_accumulate.cpp checks the kernel"},
+    {"scale_by_accumulate",
+     "a sink: scale_by added into a gradient buffer in place (fuse_grad_matmul); "
+     "test_ops_linear_cross_entropy.cpp checks the rewrite, tests/cuda the kernel"},
     {"adamw_update", "the optimizer update, in place (tests/unit/test_optim.cpp)"},
     {"cast_into", "writes a master's compute copy in place (tests/unit/test_compute_copies.cpp)"},
     {"expert_bias_update", "the load-balancing bias update, in place (test_ops_load_balance.cpp)"},

@@ -332,7 +332,7 @@ ModelLoss DeepSeekV3::build_loss(Builder& b, ParallelPlan& plan, const ModelInpu
   {
     auto s = b.scope("output");
     // Logits of this rank's token shard only: [T/tp, vocab].
-    loss = ops::cross_entropy(b, ops::linear(b, h, wout), labels, in.token_count);
+    loss = output_loss(b, h, wout, labels, in.token_count, in);
   }
   return add_mtp_modules(b, plan, a_, in, {.hidden = hidden, .embedding = emb, .output = wout},
                          loss, [&](int l, ValueId x) { return block(b, plan, l, x, table, in); });

@@ -2,6 +2,8 @@
 // models create its nodes in the order they always have.
 #include "meshtrain/model/layers.h"
 
+#include "meshtrain/ops/cross_entropy.h"
+#include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/swiglu.h"
 
@@ -26,6 +28,12 @@ ValueId feed_forward(Builder& b, ParallelPlan& plan, ValueId x, int64_t dim, int
   ValueId w3 =
       scoped_param(b, plan, "w3.weight", {hidden, dim}, InitSpec::trunc_normal(init_std), col);
   return plan.tp_exit(b, swiglu_mlp(b, plan.tp_enter(b, x), w1, w2, w3));
+}
+
+ValueId output_loss(Builder& b, ValueId h, ValueId wout, ValueId labels, ValueId count,
+                    const ModelInputs& in) {
+  if (!in.fused_output_loss) return ops::cross_entropy(b, ops::linear(b, h, wout), labels, count);
+  return ops::linear_cross_entropy(b, h, wout, labels, count, in.loss_grads).loss;
 }
 
 }  // namespace meshtrain

@@ -176,8 +176,7 @@ ValueId Llama3::build(Builder& b, ParallelPlan& plan, const ModelInputs& in) {
                             InitSpec::trunc_normal(out_std, -3 * out_std, 3 * out_std));
   auto s = b.scope("output");
   // Logits of this rank's token shard only: [T/tp, vocab].
-  ValueId logits = ops::linear(b, h, wout);
-  return ops::cross_entropy(b, logits, labels, in.token_count);
+  return output_loss(b, h, wout, labels, in.token_count, in);
 }
 
 }  // namespace

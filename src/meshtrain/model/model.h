@@ -24,6 +24,11 @@ struct ModelInputs {
   // loss dtype (both written by the caller, like token_count).
   ValueId mtp_token_count = kNoValue;
   ValueId mtp_loss_weight = kNoValue;
+  // How the output head meets the loss (model/layers.h output_loss): fused into one chunked op
+  // ([model] fused_output_loss), and whether a backward will follow (false: validation's
+  // forward-only graph, where the fused op computes the loss alone).
+  bool fused_output_loss = true;
+  bool loss_grads = true;
 };
 
 // The losses one micro-batch's forward emits, each a [1] value already divided by its global count.

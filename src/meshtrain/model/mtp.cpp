@@ -91,7 +91,7 @@ ModelLoss add_mtp_modules(Builder& b, ParallelPlan& plan, const DeepSeekV3Args& 
     ValueId y = ops::rmsnorm(b, h, fw, a.norm_eps);
     auto hs = b.scope("head");
     ValueId count = D == 1 ? in.mtp_token_count : ops::slice(b, in.mtp_token_count, 0, k - 1, 1);
-    out.mtp.push_back(ops::cross_entropy(b, ops::linear(b, y, shared.output), labels, count));
+    out.mtp.push_back(output_loss(b, y, shared.output, labels, count, in));
   }
   auto s = b.scope("mtp_loss");
   ValueId sum = out.mtp[0];

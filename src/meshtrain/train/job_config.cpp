@@ -108,6 +108,10 @@ std::vector<Binding> make_bindings() {
             "MoE models: all-zero initial router gate (every score ties, and a small random "
             "expert bias picks the experts every token goes to; for testing experts and "
             "ranks that receive nothing)"));
+  t.push_back(field("model", "fused_output_loss", &J::model, &ModelSection::fused_output_loss,
+                    "compute the output head and the cross entropy as one op over chunks of "
+                    "rows, never holding the [tokens, vocab] logits (false: linear, then "
+                    "cross_entropy)"));
   t.push_back(choice_field(
       "model", "attention_backend", &J::model, &ModelSection::attention_backend,
       "Which kernels run attention on CUDA: \"auto\" = cuDNN's fused attention "

@@ -76,6 +76,9 @@ struct ModelSection {
   // lowest-numbered experts (the rest, and the EP ranks owning them, receive nothing). For tests
   // of empty experts; training moves the gate away from zero after the first step.
   bool router_zero_init = false;
+  // The output head and the cross entropy as one chunked op (ops/linear_cross_entropy.h): no
+  // [tokens, vocab] logits in memory. false: ops::linear then ops::cross_entropy.
+  bool fused_output_loss = true;
   ops::AttentionKernel attention_backend = ops::AttentionKernel::kAuto;  // the CUDA kernels
   // An HF config.json (or a folder holding one) whose dims the model takes instead of the
   // flavor's; "" = the flavor. [model] name must match its architecture.

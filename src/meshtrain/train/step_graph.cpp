@@ -44,7 +44,7 @@ DType loss_dtype(DType compute) { return compute == DType::kBF16 ? DType::kF32 :
 // validation graphs share. `local_batch` x `seq_len` is one micro-batch of this rank.
 std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout* layout,
                                          const StepGraphOptions& o, int64_t local_batch,
-                                         int64_t seq_len) {
+                                         int64_t seq_len, bool training) {
   auto sg = std::make_unique<StepGraph>();
   ModelOptions mo;
   mo.name = cfg.model.name;
@@ -85,6 +85,8 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   sg->labels = b.input("labels", {bs, DType::kI32});
   sg->token_count = b.input("token_count", {Shape{1}, DType::kI64});
   ModelInputs in{sg->tokens, sg->labels, sg->token_count, sg->local_batch, sg->seq_len};
+  in.fused_output_loss = cfg.model.fused_output_loss;
+  in.loss_grads = training;
   sg->mtp_layers = sg->model->mtp_layers();
   if (sg->mtp_layers > 0) {
     sg->mtp_token_count = b.input("mtp_token_count", {Shape{sg->mtp_layers}, DType::kI64});
@@ -111,7 +113,8 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
 std::unique_ptr<StepGraph> build_forward_graph(const JobConfig& cfg, const GroupLayout* layout,
                                                const StepGraphOptions& o, int64_t local_batch,
                                                int64_t seq_len) {
-  std::unique_ptr<StepGraph> sg = build_forward(cfg, layout, o, local_batch, seq_len);
+  std::unique_ptr<StepGraph> sg =
+      build_forward(cfg, layout, o, local_batch, seq_len, /*training=*/false);
   eliminate_dead_nodes(sg->graph);
   sg->streams = assign_streams(sg->graph);
   return sg;
@@ -120,7 +123,8 @@ std::unique_ptr<StepGraph> build_forward_graph(const JobConfig& cfg, const Group
 std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLayout* layout,
                                             const StepGraphOptions& o) {
   std::unique_ptr<StepGraph> sg =
-      build_forward(cfg, layout, o, cfg.training.local_batch_size, cfg.training.seq_len);
+      build_forward(cfg, layout, o, cfg.training.local_batch_size, cfg.training.seq_len,
+                    /*training=*/true);
   Graph& g = sg->graph;
   GradientMap grads = differentiate(g, sg->loss, sg->plan->trainable_weights());
   Builder bb(g, NodePhase::kBackward);

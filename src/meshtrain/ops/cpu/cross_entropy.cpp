@@ -1,43 +1,12 @@
-// CPU cross-entropy kernels. Each row's exponentials subtract the row max first; row sums and
-// the loss sum accumulate in float64 in row order (deterministic, accurate for float32).
-#include <cmath>
-
+// CPU cross-entropy kernels over materialised logits (the row math is cross_entropy_rows.h); the
+// loss sum accumulates in float64 in row order (deterministic, accurate for float32).
 #include "meshtrain/ops/cpu/cpu_kernel.h"
+#include "meshtrain/ops/cpu/cross_entropy_rows.h"
 
 namespace meshtrain::cpu {
 namespace {
 
-int64_t read_count(const KernelContext& c) {
-  int64_t count = in_ptr<int64_t>(c, 2)[0];
-  MT_CHECK_T(ValueError, count > 0,
-             "cross_entropy: token_count must be positive (the number of labels that are not "
-             "ignore_index), found {}",
-             count);
-  return count;
-}
-
-void check_label(int32_t label, int64_t row, int64_t v, int64_t ignore) {
-  MT_CHECK_T(ValueError, label >= 0 && label < v,
-             "cross_entropy: row {} has label {}, expected a label in [0, {}) or ignore_index {}",
-             row, label, v, ignore);
-}
-
-template <typename T>
-T row_max(const T* x, int64_t v) {
-  T m = x[0];
-  for (int64_t j = 1; j < v; ++j) m = std::max(m, x[j]);
-  return m;
-}
-
-// exp runs in T (x - max is exact enough there, and float exp is twice as fast as double);
-// the sum accumulates in double.
-template <typename T>
-double row_logsumexp(const T* x, int64_t v) {
-  const T m = row_max(x, v);
-  double s = 0;
-  for (int64_t j = 0; j < v; ++j) s += double(std::exp(x[j] - m));
-  return double(m) + std::log(s);
-}
+int64_t read_count(const KernelContext& c) { return checked_count(in_ptr<int64_t>(c, 2)[0]); }
 
 template <typename T>
 void ce_forward(const T* logits, const int32_t* labels, T* loss, int64_t n, int64_t v,
@@ -63,16 +32,7 @@ void ce_backward(const T* logits, const int32_t* labels, const T* dloss, T* dx, 
       continue;
     }
     check_label(labels[r], r, v, ignore);
-    const T* x = logits + r * v;
-    const T m = row_max(x, v);
-    double s = 0;
-    for (int64_t j = 0; j < v; ++j) {
-      d[j] = std::exp(x[j] - m);
-      s += double(d[j]);
-    }
-    const double scale = f / s;  // softmax = exp(x - max) / sum, times dloss / count
-    for (int64_t j = 0; j < v; ++j) d[j] = T(double(d[j]) * scale);
-    d[labels[r]] = T(double(d[labels[r]]) - f);
+    row_softmax_grad(logits + r * v, d, v, labels[r], f);
   }
 }
 
