@@ -19,6 +19,7 @@
 #include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/runtime/backend.h"
 #include "meshtrain/train/step_graph.h"
+#include "mixed_precision_graphs.h"
 #include "test_support.h"
 
 namespace meshtrain {
@@ -43,20 +44,14 @@ std::unique_ptr<SinkGraph> sink_graph(DType operands, DType dst, bool overwrite,
   return r;
 }
 
-int live(const Graph& g, const std::string& op) {
-  int n = 0;
-  for (const Node& node : g.nodes()) n += !node.dead && node.op == op;
-  return n;
-}
-
 TEST(FuseGradMatmul, Bf16ProductIntoFloat32SinkBecomesOneGemm) {
   for (bool overwrite : {false, true}) {
     auto r = sink_graph(DType::kBF16, DType::kF32, overwrite);
     EXPECT_EQ(fuse_grad_matmul(r->g), 1);
-    EXPECT_EQ(live(r->g, "matmul"), 0);
-    EXPECT_EQ(live(r->g, "reshape"), 0);
-    EXPECT_EQ(live(r->g, "accumulate"), 0);
-    ASSERT_EQ(live(r->g, ops::kMatmulAccumulateOp), 1);
+    EXPECT_EQ(live_nodes(r->g, "matmul"), 0);
+    EXPECT_EQ(live_nodes(r->g, "reshape"), 0);
+    EXPECT_EQ(live_nodes(r->g, "accumulate"), 0);
+    ASSERT_EQ(live_nodes(r->g, ops::kMatmulAccumulateOp), 1);
     for (const Node& n : r->g.nodes()) {
       if (n.dead || n.op != ops::kMatmulAccumulateOp) continue;
       EXPECT_EQ(n.inputs, (std::vector<ValueId>{r->dst, r->gy, r->x}));
@@ -73,7 +68,7 @@ TEST(FuseGradMatmul, LeavesSameDtypeSharedAndNonViewChains) {
   EXPECT_EQ(fuse_grad_matmul(sink_graph(DType::kF64, DType::kF64, false)->g), 0);
   auto shared = sink_graph(DType::kBF16, DType::kF32, true, /*shared=*/true);
   EXPECT_EQ(fuse_grad_matmul(shared->g), 0);
-  EXPECT_EQ(live(shared->g, "matmul"), 1);
+  EXPECT_EQ(live_nodes(shared->g, "matmul"), 1);
   // A scale between the product and the sink is arithmetic, not a view.
   Graph g;
   Builder b(g, NodePhase::kBackward);
@@ -90,20 +85,12 @@ TEST(FuseGradMatmul, LeavesSameDtypeSharedAndNonViewChains) {
 // the sinks left with a bf16 source are the norms' and the embedding's, whose gradients are no
 // matmul. The float32 graph keeps its sinks.
 TEST(FuseGradMatmul, Bf16StepGraphWritesEveryDenseWeightGradientFromItsGemm) {
-  const JobConfig cfg =
-      parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/llama3_debug.toml", {});
-  MeshLayout layout(parallel_dims_of(cfg, 1));
-  RankGroups groups(layout, 0);
-  auto bf16 = build_step_graph(cfg, &groups,
-                               StepGraphOptions{.tokenizer_vocab = 258,
-                                                .compute_dtype = DType::kBF16,
-                                                .master_dtype = DType::kF32,
-                                                .reduce_dtype = DType::kF32,
-                                                .overwrite_grads = true});
+  const auto mp = bf16_step_graph("llama3_debug.toml");
+  const StepGraph* bf16 = mp->sg.get();
   const int layers = int(bf16->model->n_layers());
   EXPECT_EQ(bf16->fused_grad_matmuls, 7 * layers + 1);
-  EXPECT_EQ(live(bf16->graph, ops::kMatmulAccumulateOp), 7 * layers);
-  EXPECT_EQ(live(bf16->graph, ops::kScaleByAccumulateOp), 1);
+  EXPECT_EQ(live_nodes(bf16->graph, ops::kMatmulAccumulateOp), 7 * layers);
+  EXPECT_EQ(live_nodes(bf16->graph, ops::kScaleByAccumulateOp), 1);
   int bf16_sinks = 0;
   for (const Node& n : bf16->graph.nodes()) {
     if (n.dead || n.op != "accumulate") continue;
@@ -114,21 +101,51 @@ TEST(FuseGradMatmul, Bf16StepGraphWritesEveryDenseWeightGradientFromItsGemm) {
     EXPECT_NE(bf16->graph.node(src.producer).op, ops::kScaleByOp) << n.scope;
   }
   EXPECT_EQ(bf16_sinks, 2 * layers + 2);  // attention_norm, ffn_norm; norm, tok_embeddings
-  auto f32 = build_step_graph(cfg, &groups, StepGraphOptions{.tokenizer_vocab = 258});
+  auto f32 = build_step_graph(mp->cfg, &mp->groups, StepGraphOptions{.tokenizer_vocab = 258});
   EXPECT_EQ(f32->fused_grad_matmuls, 0);
-  EXPECT_EQ(live(f32->graph, ops::kMatmulAccumulateOp), 0);
+  EXPECT_EQ(live_nodes(f32->graph, ops::kMatmulAccumulateOp), 0);
   // The unfused output loss: the head's gradient is a matmul again, written by its GEMM.
-  const JobConfig unfused =
-      parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/llama3_debug.toml",
-                       {"--model.fused_output_loss", "false"});
-  auto bf16u = build_step_graph(unfused, &groups,
-                                StepGraphOptions{.tokenizer_vocab = 258,
-                                                 .compute_dtype = DType::kBF16,
-                                                 .master_dtype = DType::kF32,
-                                                 .reduce_dtype = DType::kF32,
-                                                 .overwrite_grads = true});
-  EXPECT_EQ(live(bf16u->graph, ops::kMatmulAccumulateOp), 7 * layers + 1);
-  EXPECT_EQ(live(bf16u->graph, ops::kScaleByAccumulateOp), 0);
+  const auto unfused = bf16_step_graph("llama3_debug.toml", {"--model.fused_output_loss", "false"});
+  const StepGraph* bf16u = unfused->sg.get();
+  EXPECT_EQ(live_nodes(bf16u->graph, ops::kMatmulAccumulateOp), 7 * layers + 1);
+  EXPECT_EQ(live_nodes(bf16u->graph, ops::kScaleByAccumulateOp), 0);
+}
+
+// The fused sinks run where their GEMM was made, not at the end of the backward where the sinks
+// were appended: each layer's weight-gradient GEMMs come before any backward node of the layer
+// below, and the head's scale_by_accumulate before any backward node of the last layer. (At the
+// end they would keep every layer's activation and output gradient alive through the backward.)
+TEST(FuseGradMatmul, FusedSinksRunWhereTheirProductWasMade) {
+  const auto mp = bf16_step_graph("llama3_debug.toml");
+  const StepGraph* sg = mp->sg.get();
+  const int layers = int(sg->model->n_layers());
+  ASSERT_GE(layers, 2);
+  auto layer_of = [](const std::string& scope) {
+    if (scope.rfind("layers.", 0) != 0) return -1;
+    return std::stoi(scope.substr(7));
+  };
+  // Schedule position of the first backward node of each layer, and of each fused sink.
+  std::vector<int> first_backward(size_t(layers), -1);
+  std::vector<std::pair<int, const Node*>> sinks;
+  const std::vector<NodeId> order = sg->graph.schedule();
+  for (int pos = 0; pos < int(order.size()); ++pos) {
+    const Node& n = sg->graph.node(order[size_t(pos)]);
+    if (n.op == ops::kMatmulAccumulateOp || n.op == ops::kScaleByAccumulateOp)
+      sinks.push_back({pos, &n});
+    const int l = layer_of(n.scope);
+    if (n.phase == NodePhase::kBackward && l >= 0 && first_backward[size_t(l)] < 0)
+      first_backward[size_t(l)] = pos;
+  }
+  ASSERT_EQ(int(sinks.size()), 7 * layers + 1);
+  for (const auto& [pos, n] : sinks) {
+    const int l = layer_of(n->scope);
+    if (n->op == ops::kScaleByAccumulateOp) {
+      EXPECT_LT(pos, first_backward[size_t(layers - 1)]) << "the head's gradient sink";
+    } else if (l > 0) {
+      EXPECT_LT(pos, first_backward[size_t(l - 1)])
+          << n->scope << " runs after layer " << l - 1 << "'s backward began";
+    }
+  }
 }
 
 // Fills a CPU executor's input with uniform values in [-1, 1) rounded to its dtype; returns them.

@@ -18,6 +18,7 @@
 #include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/runtime/backend.h"
 #include "meshtrain/train/step_graph.h"
+#include "mixed_precision_graphs.h"
 #include "test_support.h"
 
 namespace meshtrain {
@@ -50,12 +51,6 @@ std::unique_ptr<WgradGraph> wgrad_graph(DType operands, DType dst, bool overwrit
     ops::accumulate(b, r->dst, ops::reshape(b, w, Shape{kE * kP, kQ}), overwrite);
   }
   return r;
-}
-
-int live(const Graph& g, const std::string& op) {
-  int n = 0;
-  for (const Node& node : g.nodes()) n += !node.dead && node.op == op;
-  return n;
 }
 
 // Runs the graph `runs` times on the CPU from dst0; operands uniform in [-1, 1) rounded to their
@@ -126,10 +121,10 @@ TEST(FuseGradMatmul, Bf16ExpertWgradIntoFloat32SinkBecomesOneGroupedGemm) {
   for (bool overwrite : {false, true}) {
     auto r = wgrad_graph(DType::kBF16, DType::kF32, overwrite);
     EXPECT_EQ(fuse_grad_matmul(r->g), 1);
-    EXPECT_EQ(live(r->g, "grouped_matmul_wgrad"), 0);
-    EXPECT_EQ(live(r->g, "reshape"), 0);
-    EXPECT_EQ(live(r->g, "accumulate"), 0);
-    ASSERT_EQ(live(r->g, ops::kGroupedWgradAccumulateOp), 1);
+    EXPECT_EQ(live_nodes(r->g, "grouped_matmul_wgrad"), 0);
+    EXPECT_EQ(live_nodes(r->g, "reshape"), 0);
+    EXPECT_EQ(live_nodes(r->g, "accumulate"), 0);
+    ASSERT_EQ(live_nodes(r->g, ops::kGroupedWgradAccumulateOp), 1);
     for (const Node& n : r->g.nodes()) {
       if (n.dead || n.op != ops::kGroupedWgradAccumulateOp) continue;
       EXPECT_EQ(n.inputs, (std::vector<ValueId>{r->dst, r->a, r->b, r->groups}));
@@ -197,19 +192,11 @@ TEST(GroupedWgradAccumulate, RefusesADestinationOfTheWrongSizeOrDtype) {
 // routed experts' w1, w2, w3 gradients of every MoE layer come from accumulating grouped GEMMs,
 // and no bf16 sink is fed by a grouped wgrad any more.
 TEST(FuseGradMatmul, Bf16DeepSeekStepGraphWritesEveryExpertWeightGradientFromItsGemm) {
-  const JobConfig cfg =
-      parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/deepseek_v3_debug.toml", {});
-  MeshLayout layout(parallel_dims_of(cfg, 1));
-  RankGroups groups(layout, 0);
-  auto sg = build_step_graph(cfg, &groups,
-                             StepGraphOptions{.tokenizer_vocab = 258,
-                                              .compute_dtype = DType::kBF16,
-                                              .master_dtype = DType::kF32,
-                                              .reduce_dtype = DType::kF32,
-                                              .overwrite_grads = true});
+  const auto mp = bf16_step_graph("deepseek_v3_debug.toml");
+  const StepGraph* sg = mp->sg.get();
   const int moe_layers = int(sg->model->n_layers()) - 1;  // the debug flavor's first layer is dense
-  EXPECT_EQ(live(sg->graph, ops::kGroupedWgradAccumulateOp), 3 * moe_layers);
-  EXPECT_EQ(live(sg->graph, "grouped_matmul_wgrad"), 0);
+  EXPECT_EQ(live_nodes(sg->graph, ops::kGroupedWgradAccumulateOp), 3 * moe_layers);
+  EXPECT_EQ(live_nodes(sg->graph, "grouped_matmul_wgrad"), 0);
   for (const Node& n : sg->graph.nodes()) {
     if (n.dead || n.op != "accumulate") continue;
     const Value& src = sg->graph.value(n.inputs.at(1));

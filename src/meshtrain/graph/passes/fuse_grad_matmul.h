@@ -12,8 +12,11 @@ namespace meshtrain {
 // Rewrites every sink (OpDef::accumulates_in_place) whose float32 destination receives a bf16
 // value produced, through views only, by a single-use op with an accumulating form
 // (OpDef::accumulating_form). Same-dtype sinks are left alone (nothing to save but the add, and
-// the float32/float64 runs keep their arithmetic bit for bit). Returns how many it rewrote. Run
-// after eliminate_dead_nodes (it relies on the consumer lists of live nodes only).
+// the float32/float64 runs keep their arithmetic bit for bit). A rewritten sink that is its
+// buffer's only writer is scheduled where its producer was (sets the graph's schedule), so the
+// GEMM's inputs die at their last use inside the backward instead of living to its end, where the
+// sinks were appended. Returns how many it rewrote. Run after eliminate_dead_nodes (it relies on
+// the consumer lists of live nodes only) and before the passes that set a schedule.
 int fuse_grad_matmul(Graph& graph);
 
 }  // namespace meshtrain

@@ -1,0 +1,47 @@
+// What the tests of the mixed-precision graph passes (fuse_grad_matmul and the accumulating forms)
+// inspect: the step graph of a debug config under bf16 compute over fp32 masters on one rank (it
+// builds anywhere; only CUDA runs it), and a count of live nodes of one op.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/parallel/mesh.h"
+#include "meshtrain/parallel/rank_groups.h"
+#include "meshtrain/train/job_config.h"
+#include "meshtrain/train/step_graph.h"
+
+namespace meshtrain {
+
+// The graph keeps pointers into the layout, so the three live together.
+struct Bf16StepGraph {
+  JobConfig cfg;
+  MeshLayout layout;
+  RankGroups groups;
+  std::unique_ptr<StepGraph> sg;
+  explicit Bf16StepGraph(JobConfig c)
+      : cfg(std::move(c)), layout(parallel_dims_of(cfg, 1)), groups(layout, 0) {
+    sg = build_step_graph(cfg, &groups,
+                          StepGraphOptions{.tokenizer_vocab = 258,
+                                           .compute_dtype = DType::kBF16,
+                                           .master_dtype = DType::kF32,
+                                           .reduce_dtype = DType::kF32,
+                                           .overwrite_grads = true});
+  }
+};
+
+// configs/CONFIG (e.g. "llama3_debug.toml") with `overrides` (--section.key value pairs).
+inline std::unique_ptr<Bf16StepGraph> bf16_step_graph(
+    const std::string& config, const std::vector<std::string>& overrides = {}) {
+  return std::make_unique<Bf16StepGraph>(
+      parse_job_config(std::string(MT_TEST_SOURCE_DIR) + "/configs/" + config, overrides));
+}
+
+inline int live_nodes(const Graph& g, const std::string& op) {
+  int n = 0;
+  for (const Node& node : g.nodes()) n += !node.dead && node.op == op;
+  return n;
+}
+
+}  // namespace meshtrain
