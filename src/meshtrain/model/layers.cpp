@@ -33,7 +33,9 @@ ValueId feed_forward(Builder& b, ParallelPlan& plan, ValueId x, int64_t dim, int
 ValueId output_loss(Builder& b, ValueId h, ValueId wout, ValueId labels, ValueId count,
                     const ModelInputs& in) {
   if (!in.fused_output_loss) return ops::cross_entropy(b, ops::linear(b, h, wout), labels, count);
-  return ops::linear_cross_entropy(b, h, wout, labels, count, in.loss_grads).loss;
+  return ops::linear_cross_entropy(b, h, wout, labels, count, in.loss_grads,
+                                   in.output_loss_chunk_rows)
+      .loss;
 }
 
 }  // namespace meshtrain

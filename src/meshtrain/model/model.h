@@ -28,6 +28,7 @@ struct ModelInputs {
   // ([model] fused_output_loss), and whether a backward will follow (false: validation's
   // forward-only graph, where the fused op computes the loss alone).
   bool fused_output_loss = true;
+  int64_t output_loss_chunk_rows = 2048;  // [model] output_loss_chunk_rows
   bool loss_grads = true;
 };
 

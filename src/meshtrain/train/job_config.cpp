@@ -112,6 +112,11 @@ std::vector<Binding> make_bindings() {
                     "compute the output head and the cross entropy as one op over chunks of "
                     "rows, never holding the [tokens, vocab] logits (false: linear, then "
                     "cross_entropy)"));
+  t.push_back(field("model", "output_loss_chunk_rows", &J::model,
+                    &ModelSection::output_loss_chunk_rows,
+                    "fused_output_loss: rows per chunk (a [chunk, vocab] float32 logits block "
+                    "is the op's workspace; larger chunks mean fewer, larger GEMMs)")
+                  .at_least(1));
   t.push_back(choice_field(
       "model", "attention_backend", &J::model, &ModelSection::attention_backend,
       "Which kernels run attention on CUDA: \"auto\" = cuDNN's fused attention "

@@ -86,6 +86,7 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   sg->token_count = b.input("token_count", {Shape{1}, DType::kI64});
   ModelInputs in{sg->tokens, sg->labels, sg->token_count, sg->local_batch, sg->seq_len};
   in.fused_output_loss = cfg.model.fused_output_loss;
+  in.output_loss_chunk_rows = cfg.model.output_loss_chunk_rows;
   in.loss_grads = training;
   sg->mtp_layers = sg->model->mtp_layers();
   if (sg->mtp_layers > 0) {
