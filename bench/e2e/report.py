@@ -63,7 +63,8 @@ def table(path):
 
 
 PLAN_RE = re.compile(
-    r"memory plan \(per rank\): parameters ([\d.]+) GiB, gradients ([\d.]+) GiB, other state "
+    r"memory plan \(per rank\): parameters ([\d.]+) GiB(?: \+ compute copies ([\d.]+) GiB)?, "
+    r"gradients ([\d.]+) GiB, other state "
     r"([\d.]+) GiB, activations ([\d.]+) GiB \(live peak [\d.]+ GiB\), inputs ([\d.]+) GiB; "
     r"total ([\d.]+) GiB; optimizer moments ([\d.]+) GiB")
 
@@ -78,8 +79,12 @@ def plan_parts(log_path):
     m = PLAN_RE.search(text)
     if not m:
         return {}
-    params, grads, other, acts, inputs, total, moments = (float(x) for x in m.groups())
-    return dict(params_gib=params, grads_gib=grads, moments_gib=moments, activations_gib=acts,
+    # The compute copies (mixed precision's persistent bf16 weights) count as parameters, as
+    # PyTorch's bf16 weights beside their fp32 masters do.
+    params, copies, grads, other, acts, inputs, total, moments = (
+        float(x) if x is not None else 0.0 for x in m.groups())
+    return dict(params_gib=params + copies, grads_gib=grads, moments_gib=moments,
+                activations_gib=acts,
                 rest_gib=other + inputs, planned_gib=total + moments)
 
 
