@@ -9,6 +9,7 @@
 // 2·B·H·S²·(Dqk + Dv) / 2, backward 2.5 × forward.
 //
 //   build/bench/kernels/bench_attention_cudnn [--iters 30] [--warmup 5] [--seed N]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -147,6 +148,33 @@ std::vector<uint8_t> raw(const DeviceBuffer& d) {
   CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
   return h;
 }
+// Two bf16 [B, S, H, D] tensors that should be bitwise equal: how many elements differ, the
+// largest |Δ| and the index of the first.
+void print_bf16_diff(const char* name, const std::vector<uint8_t>& a, const std::vector<uint8_t>& b,
+                     int64_t heads, int64_t d, int64_t seq) {
+  const size_t n = a.size() / 2;
+  size_t count = 0, first = n;
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t x, y;
+    std::memcpy(&x, &a[2 * i], 2);
+    std::memcpy(&y, &b[2 * i], 2);
+    if (x == y) continue;
+    if (count++ == 0) first = i;
+    const uint32_t xf = uint32_t(x) << 16, yf = uint32_t(y) << 16;
+    float fx, fy;
+    std::memcpy(&fx, &xf, 4);
+    std::memcpy(&fy, &yf, 4);
+    worst = std::max(worst, std::abs(double(fx) - double(fy)));
+  }
+  if (count == 0) return;
+  const int64_t f = int64_t(first);
+  std::printf(
+      "      %s: %zu of %zu differ, max |d| %.3e, first at [b %lld, s %lld, h %lld, d %lld]\n",
+      name, count, n, worst, (long long)(f / (d * heads * seq)), (long long)(f / (d * heads) % seq),
+      (long long)(f / d % heads), (long long)(f % d));
+}
+
 // 0xFF bytes: NaN in bf16 and fp32, so an element a kernel never writes shows.
 void poison(std::initializer_list<DeviceBuffer*> bufs) {
   for (DeviceBuffer* b : bufs) CUDA_CHECK(cudaMemset(b->get(), 0xFF, b->bytes()));
@@ -288,7 +316,8 @@ bool check_small(const cuda::AttnShape& s, uint64_t seed, cudaStream_t st) {
         rel_err(o, mt.out));
     ok = ok && e_out <= 1e-2 && e_lse <= 1e-4;
   }
-  // The Hopper backward from the sm90 forward's out and lse; the default must repeat bitwise.
+  // The Hopper backward from the sm90 forward's out and lse; the deterministic ones must repeat
+  // bitwise.
   for (int var = 0; var < cuda::attention_bwd_bf16_sm90_num_variants(s.dim_qk, s.dim_v); ++var) {
     poison({&p.dq, &p.dk, &p.dv, &p.ws90});
     p.sm90_bwd(st, var);
@@ -301,13 +330,13 @@ bool check_small(const cuda::AttnShape& s, uint64_t seed, cudaStream_t st) {
     print_errors(who.c_str(), "float64", o, ref);
     for (double e : {rel_err(o.dq, ref.dq), rel_err(o.dk, ref.dk), rel_err(o.dv, ref.dv)})
       ok = ok && e <= 1e-2;
-    if (var == 0) {
+    if (cuda::attention_bwd_bf16_sm90_variant_deterministic(s.dim_qk, s.dim_v, var)) {
       const auto dq0 = raw(p.dq), dk0 = raw(p.dk), dv0 = raw(p.dv);
       poison({&p.dq, &p.dk, &p.dv, &p.ws90});
-      p.sm90_bwd(st, 0);
+      p.sm90_bwd(st, var);
       CUDA_CHECK(cudaStreamSynchronize(st));
       const bool same = raw(p.dq) == dq0 && raw(p.dk) == dk0 && raw(p.dv) == dv0;
-      std::printf("    sm90 bwd default run twice: %s\n",
+      std::printf("    %s run twice: %s\n", who.c_str(),
                   same ? "bitwise equal" : "DIFFERS bitwise");
       ok = ok && same;
     }
@@ -383,18 +412,28 @@ void time_config(const Options& o, int64_t dqk, int64_t dv, cudaStream_t st) {
     o.lse = mt.lse;
     print_errors(("full size: " + name).c_str(), "mma.sync", o, mt);
   }
-  {  // Repeatability of the default (deterministic) sm90 backward at full size.
-    p.sm90_bwd(st, 0);
+  // Repeatability of every deterministic sm90 backward at full size.
+  for (int var = 0; var < cuda::attention_bwd_bf16_sm90_num_variants(dqk, dv); ++var) {
+    if (!cuda::attention_bwd_bf16_sm90_variant_deterministic(dqk, dv, var)) continue;
+    p.sm90_bwd(st, var);
     CUDA_CHECK(cudaStreamSynchronize(st));
     const auto dq0 = raw(p.dq), dk0 = raw(p.dk), dv0 = raw(p.dv);
     int equal = 0;
     for (int r = 0; r < 5; ++r) {
-      poison({&p.dq, &p.dk, &p.dv});
-      p.sm90_bwd(st, 0);
+      poison({&p.dq, &p.dk, &p.dv, &p.ws90});
+      p.sm90_bwd(st, var);
       CUDA_CHECK(cudaStreamSynchronize(st));
-      equal += raw(p.dq) == dq0 && raw(p.dk) == dk0 && raw(p.dv) == dv0;
+      const auto dq1 = raw(p.dq), dk1 = raw(p.dk), dv1 = raw(p.dv);
+      const bool same = dq1 == dq0 && dk1 == dk0 && dv1 == dv0;
+      equal += same;
+      if (!same) {  // where the repeat differs: [B, S, H, D] of the first element, count, max |Δ|
+        print_bf16_diff("dq", dq0, dq1, s.heads_q, s.dim_qk, s.seq);
+        print_bf16_diff("dk", dk0, dk1, s.heads_kv, s.dim_qk, s.seq);
+        print_bf16_diff("dv", dv0, dv1, s.heads_kv, s.dim_v, s.seq);
+      }
     }
-    std::printf("    full size: sm90 default backward: %d of 5 repeats bitwise equal\n", equal);
+    std::printf("    full size: sm90 %s: %d of 5 repeats bitwise equal\n",
+                cuda::attention_bwd_bf16_sm90_variant_name(dqk, dv, var), equal);
   }
   poison({&p.out, &p.lse});
   p.sm90_fwd(st, 0);

@@ -16,7 +16,7 @@ namespace sm90bwd {
 // keys, N = 64 queries), so Pᵀ and dSᵀ come out in the accumulator layout that is already the
 // register A operand of dV += Pᵀ dO and dK += dSᵀ Q (Q and dO as MN-major B): nothing is
 // transposed through shared memory. lse and delta belong to the columns (queries).
-template <int DQK, int DV, bool kAtomicDq>
+template <int DQK, int DV, bool kAtomicDq, bool kWideRegs>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_sm90_kernel(const __grid_constant__ BwdParams p) {
   using C = DkdvConfig<DQK, DV>;
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = int(threadIdx.x) / 128;
   if (wg == 0) {
-    setmaxnreg_dec<kProducerRegs>();
+    setmaxnreg_dec<DkdvRegs<kWideRegs>::kProducer>();
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     if (threadIdx.x == 0) {
       // ---- TMA: K and V once, then Q and dO per (head, query tile) ----------------------------
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- consumers --------------------------------------------------------------------------------
-  setmaxnreg_inc<kConsumerRegs>();
+  setmaxnreg_inc<DkdvRegs<kWideRegs>::kConsumer>();
   const int w = wg - 1, t_in = int(threadIdx.x) - 128 * wg, lane = t_in & 31;
   const int row_in_wg = 16 * (t_in >> 5) + (lane >> 2);  // this thread's upper key row; +8 lower
   const int key_lo = n0 + 64 * w + row_in_wg;
@@ -447,10 +447,10 @@ BwdParams make_params(const AttnShape& s, const Buffers& x, uint32_t q_rows, uin
   return p;
 }
 
-template <int DQK, int DV, bool kAtomicDq>
+template <int DQK, int DV, bool kAtomicDq, bool kWideRegs>
 void launch_dkdv(const AttnShape& s, const Buffers& x, cudaStream_t stream) {
   using C = DkdvConfig<DQK, DV>;
-  constexpr auto kernel = dkdv_sm90_kernel<DQK, DV, kAtomicDq>;
+  constexpr auto kernel = dkdv_sm90_kernel<DQK, DV, kAtomicDq, kWideRegs>;
   attn::set_smem_limit_once<kernel>(C::kSmem);
   const BwdParams p = make_params(s, x, C::kBM, C::kBN);
   const dim3 grid(unsigned(s.batch * s.heads_kv), unsigned((s.seq + C::kBN - 1) / C::kBN));
@@ -470,7 +470,7 @@ void launch_dq(const AttnShape& s, const Buffers& x, cudaStream_t stream) {
 }
 
 // The dK/dV and dQ stages of one variant (delta is computed before either).
-template <int DQK, int DV, bool kAtomicDq, bool kPipe = false>
+template <int DQK, int DV, bool kAtomicDq, bool kPipe = false, bool kWideRegs = false>
 void run(const AttnShape& s, const Buffers& x, cudaStream_t stream, AttnBwdPasses passes) {
   const bool all = passes == AttnBwdPasses::kAll;
   if constexpr (kAtomicDq) {
@@ -478,7 +478,7 @@ void run(const AttnShape& s, const Buffers& x, cudaStream_t stream, AttnBwdPasse
     if (passes == AttnBwdPasses::kDelta) return;
     const int64_t n = s.batch * s.seq * s.heads_q * DQK;
     CUDA_CHECK(cudaMemsetAsync(x.dq_accum, 0, size_t(n) * sizeof(float), stream));
-    launch_dkdv<DQK, DV, true>(s, x, stream);
+    launch_dkdv<DQK, DV, true, kWideRegs>(s, x, stream);
     const int64_t blocks = std::min<int64_t>((n / 2 + 255) / 256, 132 * 16);
     if (blocks > 0) {
       dq_convert_kernel<<<unsigned(blocks), 256, 0, stream>>>(x.dq_accum, static_cast<bf16*>(x.dq),
@@ -486,7 +486,7 @@ void run(const AttnShape& s, const Buffers& x, cudaStream_t stream, AttnBwdPasse
       CUDA_CHECK_LAUNCH("attention_bwd_dq_convert_sm90");
     }
   } else {
-    if (all || passes == AttnBwdPasses::kDkdv) launch_dkdv<DQK, DV, false>(s, x, stream);
+    if (all || passes == AttnBwdPasses::kDkdv) launch_dkdv<DQK, DV, false, kWideRegs>(s, x, stream);
     if (s.heads_q > 0 && (all || passes == AttnBwdPasses::kDq))
       launch_dq<DQK, DV, kPipe>(s, x, stream);
   }
@@ -504,6 +504,7 @@ constexpr Variant kVariants[] = {
     {192, 128, false, "wgmma dkdv + dq pass", &run<192, 128, false>},
     {192, 128, true, "wgmma atomic dq (nondeterministic)", &run<192, 128, true>},
     {192, 128, false, "wgmma dkdv + dq pass pipelined", &run<192, 128, false, true>},
+    {192, 128, false, "wgmma dkdv 24/240 regs + dq pass", &run<192, 128, false, false, true>},
     {128, 128, false, "wgmma dkdv + dq pass", &run<128, 128, false>},
     {128, 128, true, "wgmma atomic dq (nondeterministic)", &run<128, 128, true>},
     {128, 128, false, "wgmma dkdv + dq pass pipelined", &run<128, 128, false, true>},
@@ -533,6 +534,11 @@ int attention_bwd_bf16_sm90_num_variants(int64_t dim_qk, int64_t dim_v) {
 const char* attention_bwd_bf16_sm90_variant_name(int64_t dim_qk, int64_t dim_v, int variant) {
   const sm90bwd::Variant* f = sm90bwd::find_variant(dim_qk, dim_v, variant);
   return f ? f->name : nullptr;
+}
+
+bool attention_bwd_bf16_sm90_variant_deterministic(int64_t dim_qk, int64_t dim_v, int variant) {
+  const sm90bwd::Variant* f = sm90bwd::find_variant(dim_qk, dim_v, variant);
+  return f != nullptr && !f->atomic_dq;
 }
 
 size_t attention_bwd_bf16_sm90_workspace_bytes(const AttnShape& s, int variant) {

@@ -29,8 +29,16 @@ struct BwdParams {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 384;  // warpgroup 0 produces, 1 and 2 compute
 // setmaxnreg moves registers from the producer to the consumers within the CTA's 384 x 168:
-// (168 - 40) * 128 = (232 - 168) * 256. The producer's lse/delta loop spills at 24.
+// (168 - 40) * 128 = (232 - 168) * 256. kWideRegs: FlashAttention-3's 24 / 240 instead, for the
+// dK/dV kernel at 192/128, whose 160 accumulators leave too little of 232 (ptxas serializes every
+// wgmma there, C7512); at 24 the producer's lse/delta loop spills 12 bytes instead.
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+template <bool kWideRegs>
+struct DkdvRegs {
+  static constexpr int kProducer = kWideRegs ? 24 : kProducerRegs;
+  static constexpr int kConsumer = kWideRegs ? 240 : kConsumerRegs;
+  static_assert(kProducer * 128 + kConsumer * 256 <= 65536, "registers per CTA");
+};
 constexpr uint32_t kConsumerWarps = 8;
 
 // dK/dV kernel: one CTA per (batch, kv head, 128 keys); consumer warpgroup w owns keys 64w..+63

@@ -64,6 +64,8 @@ bool attention_bwd_bf16_sm90(const AttnShape& s, const void* q, const void* k, c
 bool attention_bwd_bf16_sm90_supports(const AttnShape& s);
 int attention_bwd_bf16_sm90_num_variants(int64_t dim_qk, int64_t dim_v);
 const char* attention_bwd_bf16_sm90_variant_name(int64_t dim_qk, int64_t dim_v, int variant);
+// Whether the variant repeats bitwise by construction (no atomic dQ).
+bool attention_bwd_bf16_sm90_variant_deterministic(int64_t dim_qk, int64_t dim_v, int variant);
 size_t attention_bwd_bf16_sm90_workspace_bytes(const AttnShape& s, int variant);
 
 // ---- CUDA-core path: any head dims <= 256, exact softmax, never fast ----------------------------
