@@ -219,11 +219,14 @@ TEST_F(ConfigTest, SelectiveAcOption) {
   };
   EXPECT_EQ(opt("\"op\"").selective_layer_interval(), 0);
   EXPECT_EQ(opt("\"2\"").selective_layer_interval(), 2);
+  EXPECT_EQ(opt("\"free\"").selective_ac_option.kind, SelectiveAcKind::kFree);
+  EXPECT_EQ(opt("\"free\"").selective_layer_interval(), 0);
+  EXPECT_EQ(selective_ac_option_name(opt("\"free\"").selective_ac_option), "free");
   EXPECT_EQ(selective_ac_option_name(opt("3").selective_ac_option), "3");  // an integer, as text
   for (const char* bad : {"\"x\"", "\"0\"", "\"-2\"", "\"2.5\""})
     EXPECT_CONTAINS(config_error([&] { opt(bad); }),
-                    "[activation_checkpoint] selective_ac_option must be \"op\" or a positive "
-                    "integer such as \"2\"")
+                    "[activation_checkpoint] selective_ac_option must be \"op\", \"free\" or a "
+                    "positive integer such as \"2\"")
         << bad;
 }
 

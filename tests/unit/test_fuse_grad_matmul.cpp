@@ -19,7 +19,7 @@
 #include "meshtrain/parallel/rank_groups.h"
 #include "meshtrain/runtime/backend.h"
 #include "meshtrain/train/step_graph.h"
-#include "mixed_precision_graphs.h"
+#include "step_graph_fixtures.h"
 #include "test_support.h"
 
 namespace meshtrain {

@@ -166,7 +166,9 @@ TEST(ActivationCheckpoint, EveryModeGivesBitwiseIdenticalStepsAndFullUsesLessMem
       {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option",
        "op"},
       {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option",
-       "2"}};
+       "2"},
+      {"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option",
+       "free"}};
   std::vector<std::vector<StepRecord>> runs;
   std::vector<int64_t> peak;
   for (const auto& m : modes) {
@@ -186,6 +188,7 @@ TEST(ActivationCheckpoint, EveryModeGivesBitwiseIdenticalStepsAndFullUsesLessMem
   EXPECT_LT(peak[2], peak[0]);
   EXPECT_LT(peak[3], peak[0]);
   EXPECT_LT(peak[1], peak[2]) << "full recomputes more than per-op selective";
+  EXPECT_LT(peak[4], peak[0]) << "\"free\" recomputes the norms and SwiGLU products";
 }
 }  // namespace
 }  // namespace meshtrain

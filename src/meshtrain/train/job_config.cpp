@@ -42,13 +42,15 @@ using namespace job_config_detail;
 std::string check_selective_ac_option(const std::string& s) {
   bool positive_int = !s.empty() && s.size() < 10 &&
                       s.find_first_not_of("0123456789") == std::string::npos && std::stol(s) > 0;
-  return s == "op" || positive_int ? ""
-                                   : "\"op\" or a positive integer such as \"2\" (every 2nd layer)";
+  return s == "op" || s == "free" || positive_int
+             ? ""
+             : "\"op\", \"free\" or a positive integer such as \"2\" (every 2nd layer)";
 }
 
 // The one parse of selective_ac_option, after check_selective_ac_option accepted it.
 SelectiveAcOption parse_selective_ac_option(const std::string& s) {
   if (s == "op") return {.kind = SelectiveAcKind::kOp, .every_n = 0};
+  if (s == "free") return {.kind = SelectiveAcKind::kFree, .every_n = 0};
   return {.kind = SelectiveAcKind::kEveryNthLayer, .every_n = std::stoi(s)};
 }
 
@@ -350,7 +352,10 @@ std::vector<Binding> make_bindings() {
     b.spec = KeySpec::string(
                  "activation_checkpoint", "selective_ac_option",
                  selective_ac_option_name(defaults.activation_checkpoint.selective_ac_option),
-                 "Selective AC: \"op\" for per-op, or \"N\" to checkpoint every N-th layer")
+                 "Selective AC: \"op\" for per-op (recompute every op but matmuls, attention "
+                 "and collectives), \"free\" (recompute only such ops whose inputs the "
+                 "backward keeps anyway: no memory added, far fewer ops than \"op\"), or \"N\" "
+                 "to checkpoint every N-th layer")
                  .accepts_integers()
                  .validated_by(check_selective_ac_option);
     b.load = [](J& c, const ConfigValue& v) {

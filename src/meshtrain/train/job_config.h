@@ -37,8 +37,9 @@ enum class ExpertExchange : uint8_t { kSynced, kPadded };  // [parallelism] expe
 const char* expert_exchange_name(ExpertExchange e);
 enum class AcMode : uint8_t { kNone, kFull, kSelective };  // [activation_checkpoint] mode
 const char* ac_mode_name(AcMode m);
-// [activation_checkpoint] selective_ac_option: "op" (per-op) or "N" (every N-th layer).
-enum class SelectiveAcKind : uint8_t { kOp, kEveryNthLayer };
+// [activation_checkpoint] selective_ac_option: "op" (per-op), "free" (only the cheap ops whose
+// inputs the backward keeps anyway) or "N" (every N-th layer).
+enum class SelectiveAcKind : uint8_t { kOp, kEveryNthLayer, kFree };
 struct SelectiveAcOption {
   SelectiveAcKind kind = SelectiveAcKind::kEveryNthLayer;
   int every_n = 2;  // kEveryNthLayer only
@@ -173,7 +174,7 @@ struct ParallelismSection {
 struct ActivationCheckpointSection {
   AcMode mode = AcMode::kNone;
   SelectiveAcOption selective_ac_option;  // default: every 2nd layer
-  // 0 for "op" (per-op selective AC), else N.
+  // 0 for "op" and "free" (per-op selective AC), else N.
   int selective_layer_interval() const;
 };
 

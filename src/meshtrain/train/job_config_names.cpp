@@ -50,7 +50,9 @@ const char* ac_mode_name(AcMode m) {
 }
 
 std::string selective_ac_option_name(const SelectiveAcOption& o) {
-  return o.kind == SelectiveAcKind::kOp ? "op" : std::to_string(o.every_n);
+  if (o.kind == SelectiveAcKind::kOp) return "op";
+  if (o.kind == SelectiveAcKind::kFree) return "free";
+  return std::to_string(o.every_n);
 }
 
 const char* graph_passes_name(BucketMode m) {
@@ -72,7 +74,8 @@ const char* checkpoint_async_name(CheckpointAsync a) {
 }
 
 int ActivationCheckpointSection::selective_layer_interval() const {
-  return selective_ac_option.kind == SelectiveAcKind::kOp ? 0 : selective_ac_option.every_n;
+  return selective_ac_option.kind == SelectiveAcKind::kEveryNthLayer ? selective_ac_option.every_n
+                                                                     : 0;
 }
 
 }  // namespace meshtrain

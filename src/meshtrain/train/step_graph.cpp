@@ -140,9 +140,14 @@ std::unique_ptr<StepGraph> build_step_graph(const JobConfig& cfg, const GroupLay
   if (ac.mode == AcMode::kFull) {
     sg->checkpoint = checkpoint_regions(g, block_regions(1), full_recompute_saves);
   } else if (ac.mode == AcMode::kSelective) {
-    const int every = ac.selective_layer_interval();
-    sg->checkpoint = every == 0 ? checkpoint_regions(g, block_regions(1), selective_op_saves)
-                                : checkpoint_regions(g, block_regions(every), full_recompute_saves);
+    const SelectiveAcKind kind = ac.selective_ac_option.kind;
+    if (kind == SelectiveAcKind::kOp)
+      sg->checkpoint = checkpoint_regions(g, block_regions(1), selective_op_saves);
+    else if (kind == SelectiveAcKind::kFree)
+      sg->checkpoint = checkpoint_regions(g, block_regions(1), free_recompute_saves(g));
+    else
+      sg->checkpoint =
+          checkpoint_regions(g, block_regions(ac.selective_layer_interval()), full_recompute_saves);
   }
 
   const auto policy = cfg.parallelism.fsdp_reshard_after_forward;

@@ -38,6 +38,31 @@ bool selective_op_saves(const Node& n) {
 
 bool full_recompute_saves(const Node&) { return false; }
 
+std::function<bool(const Node&)> free_recompute_saves(const Graph& graph) {
+  const std::vector<std::vector<NodeId>> consumers = graph.consumers();
+  std::vector<char> recompute(size_t(graph.num_nodes()), 0);
+  auto read_outside_forward = [&](ValueId u) {
+    for (NodeId c : consumers[size_t(u)])
+      if (graph.node(c).phase != NodePhase::kForward) return true;
+    return false;
+  };
+  // In schedule order, so every producer is decided before its readers.
+  for (NodeId id : graph.schedule()) {
+    const Node& n = graph.node(id);
+    if (n.phase != NodePhase::kForward || always_kept(n) || selective_op_saves(n)) continue;
+    bool inputs_kept = true;
+    for (ValueId u : n.inputs) {
+      const NodeId p = graph.value(u).producer;
+      inputs_kept =
+          inputs_kept && (p == kNoNode || recompute[size_t(p)] || read_outside_forward(u));
+    }
+    recompute[size_t(id)] = inputs_kept;
+  }
+  return [recompute = std::move(recompute)](const Node& n) {
+    return size_t(n.id) >= recompute.size() || !recompute[size_t(n.id)];
+  };
+}
+
 CheckpointStats checkpoint_regions(Graph& graph,
                                    const std::function<std::string(const Node&)>& region_of,
                                    const std::function<bool(const Node&)>& save) {

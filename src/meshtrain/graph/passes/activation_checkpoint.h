@@ -33,6 +33,13 @@ std::function<std::string(const Node&)> block_regions(int every_nth_block);
 // Per-op selective policy ("op"): save the outputs of matmuls, attention, grouped expert GEMMs
 // and collectives; recompute norms, rope, activations, casts, adds and other cheap ops.
 bool selective_op_saves(const Node& node);
+// "free": recompute only the nodes "op" would whose every input the backward has anyway (a
+// graph input or parameter, a value a backward node reads, or another such recomputed value), so
+// the recompute keeps nothing alive that was not already: the saved set only shrinks. On the
+// DeepSeek bench model these are the SwiGLU products, the routed-row permutations, the norms and
+// the router's casts: most of "op"'s memory saving from a fraction of its nodes. The predicate is
+// computed from `graph` as it is now (before checkpoint_regions rewires it).
+std::function<bool(const Node&)> free_recompute_saves(const Graph& graph);
 // Full recompute: save nothing except what the pass itself always keeps.
 bool full_recompute_saves(const Node& node);
 
