@@ -138,7 +138,11 @@ MemoryPlan plan_memory(const Graph& graph, DeviceType device) {
     delta[size_t(b.last + 1)] -= b.bytes;
   }
   int64_t live = 0;
-  for (int64_t d : delta) plan.live_peak_bytes = std::max(plan.live_peak_bytes, live += d);
+  for (int pos = 0; pos < steps; ++pos)
+    if ((live += delta[size_t(pos)]) > plan.live_peak_bytes) {
+      plan.live_peak_bytes = live;
+      plan.live_peak_position = pos;
+    }
 
   place_blocks(plan.blocks, plan.arena_bytes);
   for (const ArenaBlock& b : plan.blocks) {

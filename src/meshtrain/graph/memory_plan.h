@@ -48,6 +48,7 @@ struct MemoryPlan {
   // Sum of live activation bytes at the busiest schedule position (a lower bound on arena_bytes;
   // their ratio shows fragmentation).
   int64_t live_peak_bytes = 0;
+  int live_peak_position = 0;  // the schedule position where it is reached (the first such)
   std::string summary() const;
 };
 

@@ -9,6 +9,7 @@
 
 #include "meshtrain/ir/builder.h"
 #include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/parallel/plan.h"
 
 namespace meshtrain {
@@ -28,7 +29,7 @@ struct ModelInputs {
   // ([model] fused_output_loss), and whether a backward will follow (false: validation's
   // forward-only graph, where the fused op computes the loss alone).
   bool fused_output_loss = true;
-  int64_t output_loss_chunk_rows = 2048;  // [model] output_loss_chunk_rows
+  int64_t output_loss_chunk_rows = ops::kDefaultChunkRows;  // [model] output_loss_chunk_rows
   bool loss_grads = true;
 };
 

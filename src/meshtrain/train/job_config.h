@@ -17,6 +17,7 @@
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/graph/passes/bucket_collectives.h"
 #include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/parallel/plan.h"
 
@@ -80,7 +81,7 @@ struct ModelSection {
   // The output head and the cross entropy as one chunked op (ops/linear_cross_entropy.h): no
   // [tokens, vocab] logits in memory. false: ops::linear then ops::cross_entropy.
   bool fused_output_loss = true;
-  int64_t output_loss_chunk_rows = 2048;  // its rows per chunk (ops::kDefaultChunkRows)
+  int64_t output_loss_chunk_rows = ops::kDefaultChunkRows;               // its rows per chunk
   ops::AttentionKernel attention_backend = ops::AttentionKernel::kAuto;  // the CUDA kernels
   // An HF config.json (or a folder holding one) whose dims the model takes instead of the
   // flavor's; "" = the flavor. [model] name must match its architecture.

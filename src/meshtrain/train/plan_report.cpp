@@ -17,23 +17,16 @@
 
 namespace meshtrain {
 namespace {
-std::string gib(int64_t b) { return fmt::format("{:8.3f} GiB", double(b) / double(1ull << 30)); }
+double gib_value(int64_t b) { return double(b) / double(1ull << 30); }
+std::string gib(int64_t b) { return fmt::format("{:8.3f} GiB", gib_value(b)); }
 
-// What the activation arena holds at its busiest schedule position: the values the forward made
-// that are still live (saved for the backward), by producing op, then what the backward made and
-// the kernels' workspaces. Sums the plan's own live ranges, so the parts add up to the live peak.
+// What the activation arena holds at its busiest schedule position (the plan's live peak): the
+// values the forward made that are still live (saved for the backward), by producing op, then what
+// the backward made and the kernels' workspaces; the parts add up to the live peak.
 std::string peak_breakdown(const Graph& g, const MemoryPlan& mp) {
   const int steps = int(mp.schedule.size());
-  if (steps == 0 || mp.blocks.empty()) return "";
-  std::vector<int64_t> delta(size_t(steps + 1), 0);
-  for (const ArenaBlock& b : mp.blocks) {
-    delta[size_t(b.first)] += b.bytes;
-    delta[size_t(b.last + 1)] -= b.bytes;
-  }
-  int peak = 0;
-  int64_t live = 0, best = -1;
-  for (int pos = 0; pos < steps; ++pos)
-    if ((live += delta[size_t(pos)]) > best) best = live, peak = pos;
+  if (steps == 0 || mp.live_peak_bytes == 0) return "";
+  const int peak = mp.live_peak_position;
   std::map<std::string, std::pair<int64_t, int>> saved;  // op -> (bytes, values)
   int64_t saved_bytes = 0, later = 0, workspaces = 0;
   for (const ArenaBlock& b : mp.blocks) {
@@ -54,8 +47,7 @@ std::string peak_breakdown(const Graph& g, const MemoryPlan& mp) {
   }
   std::vector<std::pair<int64_t, std::string>> parts;
   for (const auto& [op, bc] : saved)
-    parts.push_back({bc.first, fmt::format("{} {:.2f} ({})", op,
-                                           double(bc.first) / double(1ull << 30), bc.second)});
+    parts.push_back({bc.first, fmt::format("{} {:.2f} ({})", op, gib_value(bc.first), bc.second)});
   std::sort(parts.begin(), parts.end(), std::greater<>());
   std::vector<std::string> top;
   int64_t rest = saved_bytes;
@@ -63,15 +55,14 @@ std::string peak_breakdown(const Graph& g, const MemoryPlan& mp) {
     top.push_back(parts[i].second);
     rest -= parts[i].first;
   }
-  if (rest > 0) top.push_back(fmt::format("other {:.2f}", double(rest) / double(1ull << 30)));
+  if (rest > 0) top.push_back(fmt::format("other {:.2f}", gib_value(rest)));
   const Node& at = g.node(mp.schedule[size_t(peak)]);
   return fmt::format(
       "    at the live peak (node {} of {}: {} {}{}{}):\n"
       "    held from the forward {:.3f} GiB, GiB by producing op (values): {}\n"
       "    made in the backward {:.3f} GiB, kernel workspaces {:.3f} GiB\n",
       peak, steps, node_phase_name(at.phase), at.op, at.scope.empty() ? "" : " at ", at.scope,
-      double(saved_bytes) / double(1ull << 30), fmt::join(top, ", "),
-      double(later) / double(1ull << 30), double(workspaces) / double(1ull << 30));
+      gib_value(saved_bytes), fmt::join(top, ", "), gib_value(later), gib_value(workspaces));
 }
 }  // namespace
 

@@ -19,8 +19,10 @@ int fuse_grad_matmul(Graph& g) {
            std::find(outputs.begin(), outputs.end(), v) == outputs.end();
   };
   int rewritten = 0;
-  // sink id -> the producer it replaces in the schedule (where the wgrad GEMM ran before).
-  std::vector<NodeId> slot_of(size_t(g.num_nodes()), kNoNode);
+  // The schedule before any producer dies, and per producer the sink that takes its place there.
+  const std::vector<NodeId> order = g.schedule();
+  std::vector<NodeId> sink_at(size_t(g.num_nodes()), kNoNode);
+  std::vector<char> moved(size_t(g.num_nodes()), 0);
   for (NodeId id = 0; id < g.num_nodes(); ++id) {
     const Node& sink = g.node(id);
     if (sink.dead || !reg.op(sink.op).accumulates_in_place) continue;
@@ -60,7 +62,10 @@ int fuse_grad_matmul(Graph& g) {
     const std::string scope = producer.scope;
     const BlockIndex block = producer.block;
     // The only writer of its buffer in this graph: it can run at the producer's place.
-    if (consumers[size_t(dst)].size() == 1) slot_of[size_t(producer.id)] = id;
+    if (consumers[size_t(dst)].size() == 1) {
+      sink_at[size_t(producer.id)] = id;
+      moved[size_t(id)] = 1;
+    }
     g.node(producer.id).dead = true;
     for (NodeId v : views) g.node(v).dead = true;
     Node& out = g.node(id);
@@ -75,31 +80,13 @@ int fuse_grad_matmul(Graph& g) {
   // Each fused sink runs where its product was made, not at the end of the backward where the
   // sinks were appended: the GEMM's inputs (the layer's activation and output gradient) die at
   // their last use there, instead of living through the rest of the backward.
-  std::vector<NodeId> order = g.schedule();
-  std::vector<char> moved(size_t(g.num_nodes()), 0);
-  for (NodeId sink : slot_of)
-    if (sink != kNoNode) moved[size_t(sink)] = 1;
   std::vector<NodeId> placed;
   placed.reserve(order.size());
-  // The schedule lists live nodes only; the dead producers' places come from creation order.
-  std::vector<int> rank(size_t(g.num_nodes()), -1);
-  for (size_t i = 0; i < order.size(); ++i) rank[size_t(order[i])] = int(i);
-  std::vector<std::pair<int, NodeId>> insert_before;  // (schedule index, sink)
-  for (NodeId p = 0; p < g.num_nodes(); ++p) {
-    const NodeId sink = slot_of[size_t(p)];
-    if (sink == kNoNode) continue;
-    // The first live node after the producer in creation order holds the producer's place.
-    NodeId next = p + 1;
-    while (next < g.num_nodes() && rank[size_t(next)] < 0) ++next;
-    insert_before.push_back({next < g.num_nodes() ? rank[size_t(next)] : int(order.size()), sink});
-  }
-  std::stable_sort(insert_before.begin(), insert_before.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  size_t k = 0;
-  for (size_t i = 0; i <= order.size(); ++i) {
-    for (; k < insert_before.size() && insert_before[k].first == int(i); ++k)
-      placed.push_back(insert_before[k].second);
-    if (i < order.size() && !moved[size_t(order[i])]) placed.push_back(order[i]);
+  for (NodeId id : order) {
+    if (sink_at[size_t(id)] != kNoNode)
+      placed.push_back(sink_at[size_t(id)]);
+    else if (!g.node(id).dead && !moved[size_t(id)])
+      placed.push_back(id);
   }
   g.set_schedule(std::move(placed));
   return rewritten;

@@ -50,13 +50,6 @@ void wgrad_into(const T* a, const T* b, const int32_t* g, T* dst, int64_t e, int
   }
 }
 
-std::vector<float> widened(const Tensor& t) {
-  std::vector<float> out(size_t(t.numel()));
-  const BFloat16* p = static_cast<const BFloat16*>(t.raw());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
-  return out;
-}
-
 MT_REGISTER_OPS {
   add_cpu_kernel("grouped_matmul", [](KernelContext& c) {
     const Shape& xs = c.in[0].shape();
@@ -88,7 +81,7 @@ MT_REGISTER_OPS {
     ops::check_group_rows(g, e, as[0], ops::kGroupedWgradAccumulateOp);
     if (p == 0 || q == 0) return;
     if (c.in[1].dtype() == DType::kBF16) {
-      const std::vector<float> a = widened(c.in[1]), b = widened(c.in[2]);
+      const std::vector<float> a = widened_bf16(c.in[1]), b = widened_bf16(c.in[2]);
       wgrad_into(a.data(), b.data(), g, inout_ptr<float>(c, 0), e, p, q, overwrite);
       return;
     }

@@ -10,15 +10,6 @@
 namespace meshtrain::cpu {
 namespace {
 
-// bf16 operands widened to float32 (exact), for the float32 destination of matmul_accumulate:
-// the reference of the CUDA kernel (fp32 products and sums, no bf16 rounding of the result).
-std::vector<float> widened(const Tensor& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  const BFloat16* p = static_cast<const BFloat16*>(t.raw());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
-  return out;
-}
-
 MT_REGISTER_OPS {
   add_cpu_kernel(ops::kMatmulOp, [](KernelContext& c) {
     bool ta = c.attrs().b("transpose_a"), tb = c.attrs().b("transpose_b");
@@ -47,7 +38,7 @@ MT_REGISTER_OPS {
         if (overwrite) std::fill_n(dst, d.m * d.n, 0.0f);
         return;
       }
-      const std::vector<float> a = widened(c.in[1]), b = widened(c.in[2]);
+      const std::vector<float> a = widened_bf16(c.in[1]), b = widened_bf16(c.in[2]);
       gemm<float>(ta, tb, d.m, d.n, d.k, 1.0f, a.data(), am.shape.last(), b.data(), bm.shape.last(),
                   overwrite ? 0.0f : 1.0f, dst, d.n);
       return;
