@@ -12,6 +12,7 @@
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/ops/matmul.h"
+#include "step_graph_fixtures.h"
 
 namespace meshtrain {
 namespace {
@@ -210,6 +211,23 @@ TEST(OpsLinearCrossEntropy, BadShapesAndLabels) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kValue) << e.what();
     EXPECT_NE(std::string(e.what()).find("row 1 has label 7"), std::string::npos) << e.what();
+  }
+}
+
+// [model] output_loss_chunk_rows reaches the fused op of every loss (main and MTP depth), and
+// its default is the op's.
+TEST(OpsLinearCrossEntropy, ChunkRowsComeFromTheModelSection) {
+  for (const auto& [overrides, want] : std::vector<std::pair<std::vector<std::string>, int64_t>>{
+           {{"--model.mtp_layers", "1"}, ops::kDefaultChunkRows},
+           {{"--model.mtp_layers", "1", "--model.output_loss_chunk_rows", "96"}, 96}}) {
+    const auto built = step_graph_of("deepseek_v3_debug.toml", overrides);
+    int fused = 0;
+    for (const Node& n : built->sg->graph.nodes()) {
+      if (n.dead || n.op != ops::kLinearCrossEntropyOp) continue;
+      ++fused;
+      EXPECT_EQ(n.attrs.i("chunk_rows"), want) << n.scope;
+    }
+    EXPECT_EQ(fused, 2) << "the main loss and one MTP depth";
   }
 }
 
