@@ -153,7 +153,7 @@ std::vector<uint8_t> raw(const DeviceBuffer& d) {
 void print_bf16_diff(const char* name, const std::vector<uint8_t>& a, const std::vector<uint8_t>& b,
                      int64_t heads, int64_t d, int64_t seq) {
   const size_t n = a.size() / 2;
-  size_t count = 0, first = n;
+  size_t count = 0, first = n, nans = 0;
   double worst = 0;
   for (size_t i = 0; i < n; ++i) {
     uint16_t x, y;
@@ -165,19 +165,27 @@ void print_bf16_diff(const char* name, const std::vector<uint8_t>& a, const std:
     float fx, fy;
     std::memcpy(&fx, &xf, 4);
     std::memcpy(&fy, &yf, 4);
-    worst = std::max(worst, std::abs(double(fx) - double(fy)));
+    if (std::isnan(fx) || std::isnan(fy))
+      ++nans;  // a NaN's |d| would not register in the maximum
+    else
+      worst = std::max(worst, std::abs(double(fx) - double(fy)));
   }
   if (count == 0) return;
   const int64_t f = int64_t(first);
   std::printf(
-      "      %s: %zu of %zu differ, max |d| %.3e, first at [b %lld, s %lld, h %lld, d %lld]\n",
-      name, count, n, worst, (long long)(f / (d * heads * seq)), (long long)(f / (d * heads) % seq),
-      (long long)(f / d % heads), (long long)(f % d));
+      "      %s: %zu of %zu differ (%zu with a NaN on one side), max finite |d| %.3e, first at "
+      "[b %lld, s %lld, h %lld, d %lld]\n",
+      name, count, n, nans, worst, (long long)(f / (d * heads * seq)),
+      (long long)(f / (d * heads) % seq), (long long)(f / d % heads), (long long)(f % d));
 }
 
-// 0xFF bytes: NaN in bf16 and fp32, so an element a kernel never writes shows.
+// 0xFF bytes: NaN in bf16 and fp32, so an element a kernel never writes shows. cudaMemset runs on
+// the legacy default stream, which the bench's non-blocking stream does not wait for: without the
+// device sync a memset can land after the next kernel began (it once NaN-ed the delta workspace of
+// a repeat run, which then looked like a non-repeatable backward).
 void poison(std::initializer_list<DeviceBuffer*> bufs) {
   for (DeviceBuffer* b : bufs) CUDA_CHECK(cudaMemset(b->get(), 0xFF, b->bytes()));
+  CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // Everything one problem needs on the device: inputs, and outputs of one implementation.
