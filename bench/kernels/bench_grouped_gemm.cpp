@@ -1,9 +1,12 @@
-// bench_grouped_gemm: today's grouped GEMM path of the routed experts (the CUDA kernels of the
-// grouped_matmul / grouped_matmul_wgrad ops: per-expert cuBLASLt over four streams), run through
-// the op registry's own kernels on DeepSeek 16B's expert shapes (64 experts, 2048 -> 1408, bf16),
-// with the groups made by moe_dispatch_plan as in the model. FLOP = Σ_e 2·rows_e·k·n. Time =
-// median of --iters launches after --warmup, CUDA events. Each output is checked against classic
-// cuBLAS run per expert on the same operands (relative L2 error, worst expert).
+// bench_grouped_gemm: the grouped GEMMs of the routed experts on DeepSeek 16B's expert shapes (64
+// experts, 2048 -> 1408, bf16), with the groups made by moe_dispatch_plan as in the model, three
+// ways in one run: the ops' cuBLASLt path (per-expert cuBLASLt over four streams, `kernel` =
+// cublas, the host reading the plan's published groups), the ops' default on Hopper (`auto`:
+// meshtrain's grouped GEMM, moe/cuda/grouped_gemm_sm90.h, plus the op's zeroing of the rows
+// outside the groups) and every tile variant of that kernel called directly. FLOP = Σ_e
+// 2·rows_e·k·n. Time = median of --iters launches after --warmup, CUDA events. Each output is
+// checked against classic cuBLAS run per expert on the same operands (relative L2 error, worst
+// expert). bench/kernels/grouped_mm_torch.py times torch._grouped_mm on the same distributions.
 //
 //   build/bench/kernels/bench_grouped_gemm [--iters 50] [--warmup 5] [--tsv FILE] [--counts]
 #include <cublas_v2.h>
@@ -21,6 +24,8 @@
 #include "bench_common.h"
 #include "bench_op_kernels.h"
 #include "meshtrain/ir/builder.h"
+#include "meshtrain/moe/cuda/grouped_gemm_sm90.h"
+#include "meshtrain/moe/grouped_matmul.h"
 #include "meshtrain/runtime/cuda/cuda_backend.h"
 
 using namespace meshtrain;
@@ -96,9 +101,12 @@ Options parse(int argc, char** argv) {
 // name so the kernels are the registry's (the same factories the executor calls).
 struct GroupedGraph {
   Graph g;
-  ValueId ids, row_map, groups, x, w, dy, y, dx, dw;
-  NodeId plan, fwd, dgrad, wgrad;
+  ValueId ids, row_map, groups, x, w, dy;
+  ValueId y[2], dx[2], dw[2];
+  NodeId plan;
+  NodeId fwd[2], dgrad[2], wgrad[2];  // [0]: kernel cublas, [1]: kernel auto (the ops' default)
 };
+constexpr const char* kOpPaths[2] = {"op, cuBLASLt per expert", "op, auto (sm90 on Hopper)"};
 
 void build(GroupedGraph& gg, int64_t choices) {
   Builder b(gg.g);
@@ -113,12 +121,19 @@ void build(GroupedGraph& gg, int64_t choices) {
   gg.x = b.input("x", {Shape{capacity, kDim}, DType::kBF16});
   gg.w = b.input("w1", {Shape{kExperts, kHidden, kDim}, DType::kBF16});
   gg.dy = b.input("dy", {Shape{capacity, kHidden}, DType::kBF16});
-  gg.y = b.op1("grouped_matmul", {gg.x, gg.w, gg.groups}, {{"transpose_w", int64_t(1)}});
-  gg.fwd = b.last_node();
-  gg.dx = b.op1("grouped_matmul", {gg.dy, gg.w, gg.groups}, {{"transpose_w", int64_t(0)}});
-  gg.dgrad = b.last_node();
-  gg.dw = b.op1("grouped_matmul_wgrad", {gg.dy, gg.x, gg.groups});
-  gg.wgrad = b.last_node();
+  // One set of nodes per path, each with its own outputs.
+  for (int path = 0; path < 2; ++path) {
+    const int64_t kernel =
+        int64_t(path == 0 ? ops::ExpertGemmKernel::kCublas : ops::ExpertGemmKernel::kAuto);
+    gg.y[path] = b.op1("grouped_matmul", {gg.x, gg.w, gg.groups},
+                       {{"transpose_w", int64_t(1)}, {"kernel", kernel}});
+    gg.fwd[path] = b.last_node();
+    gg.dx[path] = b.op1("grouped_matmul", {gg.dy, gg.w, gg.groups},
+                        {{"transpose_w", int64_t(0)}, {"kernel", kernel}});
+    gg.dgrad[path] = b.last_node();
+    gg.dw[path] = b.op1("grouped_matmul_wgrad", {gg.dy, gg.x, gg.groups}, {{"kernel", kernel}});
+    gg.wgrad[path] = b.last_node();
+  }
 }
 
 // One column-major product per expert, as the op's launches map it (grouped_matmul.cu):
@@ -126,8 +141,10 @@ void build(GroupedGraph& gg, int64_t choices) {
 // expert's first row times row_a/row_b/row_c).
 struct Product {
   std::string name;
-  NodeId node;
-  ValueId a, b, c;  // cuBLAS A, B, C
+  int form;            // 0 forward, 1 dgrad, 2 wgrad (the direct kernel call)
+  const NodeId* node;  // [2]: per op path
+  ValueId a, b;        // cuBLAS A, B
+  const ValueId* c;    // [2]: cuBLAS C, the op path's output
   bool ta, tb;
   int64_t m, lda, ldb, ldc;
   bool rows_in_k;  // wgrad: the expert's rows are the k extent
@@ -137,14 +154,14 @@ struct Product {
 std::vector<Product> products(const GroupedGraph& gg) {
   return {
       // y_e [rows, 1408] = x_e · w_eᵀ: C = w_eᵀ(A, T, lda 2048) · x_eᵀ(B, ldb 2048), ldc 1408.
-      {"fwd x·W1ᵀ (2048->1408)", gg.fwd, gg.w, gg.x, gg.y, true, false, kHidden, kDim, kDim,
+      {"fwd x·W1ᵀ (2048->1408)", 0, gg.fwd, gg.w, gg.x, gg.y, true, false, kHidden, kDim, kDim,
        kHidden, false, kHidden * kDim, 0, 0, kDim, 0, kHidden},
       // dx_e [rows, 2048] = dy_e · w_e: C = w_e(A, N, lda 2048) · dy_eᵀ(B, ldb 1408), ldc 2048.
-      {"dgrad dy·W1 (1408->2048)", gg.dgrad, gg.w, gg.dy, gg.dx, false, false, kDim, kDim, kHidden,
-       kDim, false, kHidden * kDim, 0, 0, kHidden, 0, kDim},
+      {"dgrad dy·W1 (1408->2048)", 1, gg.dgrad, gg.w, gg.dy, gg.dx, false, false, kDim, kDim,
+       kHidden, kDim, false, kHidden * kDim, 0, 0, kHidden, 0, kDim},
       // dw_e [1408, 2048] = dy_eᵀ x_e: C[2048, 1408] = x_eᵀ(A, N, lda 2048) · dy_e(B, T, 1408).
-      {"wgrad dyᵀ·x (Σ rows)", gg.wgrad, gg.x, gg.dy, gg.dw, false, true, kDim, kDim, kHidden, kDim,
-       true, 0, kDim, 0, kHidden, kHidden * kDim, 0},
+      {"wgrad dyᵀ·x (Σ rows)", 2, gg.wgrad, gg.x, gg.dy, gg.dw, false, true, kDim, kDim, kHidden,
+       kDim, true, 0, kDim, 0, kHidden, kHidden * kDim, 0},
   };
 }
 
@@ -155,9 +172,9 @@ std::vector<uint16_t> to_host(const void* p, size_t elems) {
 }
 
 // Worst per-expert relative L2 difference between the op's output and classic cuBLAS.
-double check_against_cublas(const Product& pr, const GraphKernels& k, const Distribution& d,
-                            const std::vector<int64_t>& starts, cublasHandle_t blas,
-                            size_t c_elems) {
+double check_against_cublas(const Product& pr, ValueId out, const GraphKernels& k,
+                            const Distribution& d, const std::vector<int64_t>& starts,
+                            cublasHandle_t blas, size_t c_elems) {
   DeviceBuffer ref(c_elems * 2);
   CUDA_CHECK(cudaMemset(ref.get(), 0, ref.bytes()));
   const float one = 1.f, zero = 0.f;
@@ -176,7 +193,7 @@ double check_against_cublas(const Product& pr, const GraphKernels& k, const Dist
         int(pr.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> got = to_host(k.ptr(pr.c), c_elems),
+  const std::vector<uint16_t> got = to_host(k.ptr(out), c_elems),
                               want = to_host(ref.get(), c_elems);
   double worst = 0;
   for (int64_t e = 0; e < kExperts; ++e) {
@@ -196,9 +213,25 @@ double check_against_cublas(const Product& pr, const GraphKernels& k, const Dist
 }
 
 struct Row {
-  std::string dist, product;
-  double flop, queued_ms, waited_ms, host_ms, rel_err;
+  std::string dist, product, path;
+  double flop, queued_ms, waited_ms, host_ms, rel_err;  // waited/host: < 0 where not measured
 };
+
+// The kernel of grouped_gemm_sm90.h called directly for product `pr` (its output: the auto
+// path's value).
+bool direct_sm90(const Product& pr, const GroupedGraph& gg, GraphKernels& k, int variant,
+                 cudaStream_t s) {
+  const auto* groups = static_cast<const int32_t*>(k.ptr(gg.groups));
+  const int64_t rows = gg.g.value(gg.x).meta.shape[0];
+  if (pr.form == 2)
+    return cuda::grouped_wgrad_sm90({k.ptr(gg.dy), k.ptr(gg.x), k.ptr(pr.c[1]), groups, kExperts,
+                                     rows, kHidden, kDim, false, false},
+                                    s, variant);
+  const bool fwd = pr.form == 0;
+  return cuda::grouped_gemm_sm90({k.ptr(fwd ? gg.x : gg.dy), k.ptr(gg.w), k.ptr(pr.c[1]), groups,
+                                  kExperts, rows, fwd ? kHidden : kDim, fwd ? kDim : kHidden, fwd},
+                                 s, variant);
+}
 
 }  // namespace
 
@@ -261,58 +294,85 @@ int main(int argc, char** argv) try {
                "bench_grouped_gemm: the dispatch plan gave expert {} {} rows, expected {}", e,
                groups[size_t(kExperts + e)], d.counts[size_t(e)]);
     }
-    for (const Product& pr : products(gg)) {
-      Row r{d.name, pr.name, 2.0 * double(choices) * double(kDim) * double(kHidden), 0, 0, 0, 0};
-      // Queued: the host launches ahead of the GPU (the backward's case: the plan's event is
-      // long done, so the op reads the published groups without waiting).
-      r.queued_ms = time_it([&] { k.run(pr.node); }, s, o.warmup, o.iters).median_ms;
-      // After a host wait: the stream drains before each launch, as the forward's expert GEMMs
-      // wait for their dispatch plan; the GPU idles while the host launches the first experts.
-      std::vector<double> host;
-      r.waited_ms = time_it(
-                        [&] {
-                          CUDA_CHECK(cudaStreamSynchronize(s));
-                          const auto t0 = std::chrono::steady_clock::now();
-                          k.run(pr.node);
-                          host.push_back(std::chrono::duration<double, std::milli>(
-                                             std::chrono::steady_clock::now() - t0)
-                                             .count());
-                        },
-                        s, o.warmup, o.iters)
-                        .median_ms;
-      std::sort(host.begin(), host.end());
-      r.host_ms = host[host.size() / 2];
-      CUDA_CHECK(cudaStreamSynchronize(s));
-      r.rel_err =
-          check_against_cublas(pr, k, d, starts, blas, size_t(gg.g.value(pr.c).meta.numel()));
-      rows.push_back(r);
-    }
+    const double flop = 2.0 * double(choices) * double(kDim) * double(kHidden);
+    const size_t out_elems[3] = {size_t(gg.g.value(gg.y[0]).meta.numel()),
+                                 size_t(gg.g.value(gg.dx[0]).meta.numel()),
+                                 size_t(gg.g.value(gg.dw[0]).meta.numel())};
+    for (const Product& pr : products(gg))
+      for (int path = 0; path < 2; ++path) {
+        Row r{d.name, pr.name, kOpPaths[path], flop, 0, 0, 0, 0};
+        const NodeId node = pr.node[path];
+        // Queued: the host launches ahead of the GPU (the backward's case: the plan's event is
+        // long done, so the op reads the published groups without waiting).
+        r.queued_ms = time_it([&] { k.run(node); }, s, o.warmup, o.iters).median_ms;
+        // After a host wait: the stream drains before each launch, as the forward's expert GEMMs
+        // wait for their dispatch plan; the GPU idles while the host launches the first experts.
+        std::vector<double> host;
+        r.waited_ms = time_it(
+                          [&] {
+                            CUDA_CHECK(cudaStreamSynchronize(s));
+                            const auto t0 = std::chrono::steady_clock::now();
+                            k.run(node);
+                            host.push_back(std::chrono::duration<double, std::milli>(
+                                               std::chrono::steady_clock::now() - t0)
+                                               .count());
+                          },
+                          s, o.warmup, o.iters)
+                          .median_ms;
+        std::sort(host.begin(), host.end());
+        r.host_ms = host[host.size() / 2];
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        r.rel_err = check_against_cublas(pr, pr.c[path], k, d, starts, blas, out_elems[pr.form]);
+        rows.push_back(r);
+      }
+    // Every tile variant of the Hopper kernel, called directly (no op around it).
+    for (const Product& pr : products(gg))
+      for (int v = 0; v < cuda::grouped_gemm_sm90_num_variants(); ++v) {
+        Row r{d.name, pr.name, std::string("sm90 ") + cuda::grouped_gemm_sm90_variant_name(v),
+              flop,   0,       -1,
+              -1,     0};
+        CUDA_CHECK(cudaMemsetAsync(k.ptr(pr.c[1]), 0xFF, out_elems[pr.form] * 2, s));
+        if (!direct_sm90(pr, gg, k, v, s)) {
+          std::printf("%s: %s refused the shape (no Hopper GPU?)\n", r.path.c_str(),
+                      pr.name.c_str());
+          continue;
+        }
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        r.rel_err = check_against_cublas(pr, pr.c[1], k, d, starts, blas, out_elems[pr.form]);
+        r.queued_ms =
+            time_it([&] { direct_sm90(pr, gg, k, v, s); }, s, o.warmup, o.iters).median_ms;
+        rows.push_back(r);
+      }
   }
 
   std::printf(
       "\ntargets (issue 26, device-offset grouped GEMMs): >= 520 TFLOP/s at 384 rows per expert, "
       ">= 620 at 1536; rel err = worst expert's relative L2 difference from cublasGemmEx\n");
-  std::printf("%-18s %-26s | %9s %8s | %9s %8s %8s | %8s\n", "rows per expert", "product",
-              "queued ms", "TFLOP/s", "waited ms", "TFLOP/s", "host ms", "rel err");
+  std::printf("%-18s %-26s %-30s | %9s %8s | %9s %8s %8s | %8s\n", "rows per expert", "product",
+              "path", "queued ms", "TFLOP/s", "waited ms", "TFLOP/s", "host ms", "rel err");
   bool ok = true;
   for (const Row& r : rows) {
-    std::printf("%-18s %-26s | %9.3f %8.1f | %9.3f %8.1f %8.3f | %8.1e%s\n", r.dist.c_str(),
-                r.product.c_str(), r.queued_ms, tflops(r.flop, r.queued_ms), r.waited_ms,
-                tflops(r.flop, r.waited_ms), r.host_ms, r.rel_err,
-                r.rel_err <= kMaxRelErr ? "" : "  FAIL");
+    std::printf("%-18s %-26s %-30s | %9.3f %8.1f | ", r.dist.c_str(), r.product.c_str(),
+                r.path.c_str(), r.queued_ms, tflops(r.flop, r.queued_ms));
+    if (r.waited_ms >= 0)
+      std::printf("%9.3f %8.1f %8.3f", r.waited_ms, tflops(r.flop, r.waited_ms), r.host_ms);
+    else
+      std::printf("%9s %8s %8s", "-", "-", "-");
+    std::printf(" | %8.1e%s\n", r.rel_err, r.rel_err <= kMaxRelErr ? "" : "  FAIL");
     ok = ok && r.rel_err <= kMaxRelErr;
   }
   std::printf(
       "queued: launches back to back (host ahead of the GPU); waited: the stream drained before "
       "each launch (the forward's wait for its dispatch plan); host ms: the launch's host time "
-      "(64 cuBLASLt calls over 4 streams)\n");
+      "(cuBLASLt: 64 calls over 4 streams; auto on Hopper: one zeroing kernel and one grouped "
+      "GEMM); sm90 rows: the kernel alone, launches back to back\n");
   if (!o.tsv.empty()) {
     std::ofstream f(o.tsv);
     f.precision(17);
-    f << "dist\tproduct\tflop\tqueued_ms\twaited_ms\thost_ms\trel_err\n";
+    f << "dist\tproduct\tpath\tflop\tqueued_ms\twaited_ms\thost_ms\trel_err\n";
     for (const Row& r : rows)
-      f << r.dist << '\t' << r.product << '\t' << r.flop << '\t' << r.queued_ms << '\t'
-        << r.waited_ms << '\t' << r.host_ms << '\t' << r.rel_err << '\n';
+      f << r.dist << '\t' << r.product << '\t' << r.path << '\t' << r.flop << '\t' << r.queued_ms
+        << '\t' << r.waited_ms << '\t' << r.host_ms << '\t' << r.rel_err << '\n';
     MT_CHECK(f.good(), "bench_grouped_gemm: cannot write {}", o.tsv);
   }
   cublasDestroy(blas);

@@ -102,7 +102,7 @@ def table(mt_path, torch_path):
         header = f.readline().rstrip("\n").split("\t")
         for line in f:
             r = dict(zip(header, line.rstrip("\n").split("\t")))
-            mt[(r["dist"], r["product"])] = r
+            mt[(r["dist"], r["product"], r.get("path", "op"))] = r
     th = {}
     try:
         for line in open(torch_path):
@@ -116,27 +116,29 @@ def table(mt_path, torch_path):
           "TFLOP/s with FLOP = sum over experts of 2*rows*k*n; median after warm-up, CUDA events")
     print("targets (issue 26): >= 520 TFLOP/s at 384 rows per expert, >= 620 at 1536 "
           "(device-offset grouped GEMMs, each product)")
-    print("meshtrain = today's op (per-expert cuBLASLt over 4 streams): queued = launches back to "
-          "back, waited = after a host wait (the forward's); rel err vs cuBLAS per expert (worst)")
-    hdr = (f"{'rows per expert':<18} {'product':<26} {'target':>6} | {'mt queued':>9} "
+    print("meshtrain paths: the op on cuBLASLt (per expert over 4 streams), the op on auto (the "
+          "Hopper grouped GEMM), each sm90 tile variant alone; queued = launches back to back, "
+          "waited = after a host wait (the forward's); rel err vs cuBLAS per expert (worst)")
+    hdr = (f"{'rows per expert':<18} {'product':<26} {'meshtrain path':<30} {'target':>6} | {'mt queued':>9} "
            f"{'mt waited':>9} {'mt err':>8} | {'torch':>8} {'torch err':>9} | {'mt/torch':>8}")
     print(hdr)
     print("-" * len(hdr))
     for key, r in mt.items():
-        dist, prod = key
+        dist, prod, path = key
         flop = float(r["flop"])
         q = flop / (float(r["queued_ms"]) * 1e-3) / 1e12
-        wt = flop / (float(r["waited_ms"]) * 1e-3) / 1e12
+        waited = float(r["waited_ms"])
+        wt = f"{flop / (waited * 1e-3) / 1e12:9.1f}" if waited > 0 else f"{'-':>9}"
         target = ""
         for rows_per, t in TARGETS.items():
             if dist == f"uniform {rows_per}":
                 target = f"{t:.0f}"
-        t = th.get(key, {})
+        t = th.get((dist, prod), {})
         if "tflops" in t:
             tcol, terr, ratio = f"{t['tflops']:8.1f}", f"{t['rel_err']:9.1e}", f"{q / t['tflops']:7.2f}x"
         else:
             tcol, terr, ratio = f"{'-':>8}", f"{'-':>9}", f"{'-':>8}"
-        print(f"{dist:<18} {prod:<26} {target:>6} | {q:9.1f} {wt:9.1f} {float(r['rel_err']):8.1e} | "
+        print(f"{dist:<18} {prod:<26} {path:<30} {target:>6} | {q:9.1f} {wt} {float(r['rel_err']):8.1e} | "
               f"{tcol} {terr} | {ratio}")
         if "error" in t:
             print(f"    torch._grouped_mm: {t['error']}")

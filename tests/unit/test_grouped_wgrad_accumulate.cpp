@@ -1,9 +1,9 @@
 // grouped_matmul_wgrad_accumulate and its rewrite by fuse_grad_matmul: a bf16 expert weight
 // gradient feeding a float32 sink becomes one accumulating grouped GEMM (the wgrad and its views
-// die); the CPU kernel sums bf16 products in float32 without rounding them, overwrites (zeroing
-// experts with no rows) or accumulates (leaving them), and equals wgrad + accumulate bit for bit
-// in float64 when it overwrites; the bf16 DeepSeek step graph writes every routed expert weight's
-// gradient from its GEMM; bad destinations are refused with the reason.
+// die, their kernel choice stays); the CPU kernel sums bf16 products in float32 without rounding
+// them, overwrites (zeroing experts with no rows) or accumulates (leaving them), and equals wgrad +
+// accumulate bit for bit in float64 when it overwrites; the bf16 DeepSeek step graph writes every
+// routed expert weight's gradient from its GEMM; bad destinations are refused with the reason.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -36,8 +36,9 @@ struct WgradGraph {
   ValueId dst = kNoValue, a = kNoValue, b = kNoValue, groups = kNoValue;
 };
 
-std::unique_ptr<WgradGraph> wgrad_graph(DType operands, DType dst, bool overwrite,
-                                        bool direct = false) {
+std::unique_ptr<WgradGraph> wgrad_graph(
+    DType operands, DType dst, bool overwrite, bool direct = false,
+    ops::ExpertGemmKernel kernel = ops::ExpertGemmKernel::kAuto) {
   auto r = std::make_unique<WgradGraph>();
   Builder b(r->g, NodePhase::kBackward);
   r->dst = b.persistent("experts.w1.grad", {Shape{kE * kP, kQ}, dst}, ValueRole::kGradient);
@@ -45,9 +46,9 @@ std::unique_ptr<WgradGraph> wgrad_graph(DType operands, DType dst, bool overwrit
   r->b = b.input("b", {Shape{kRows, kQ}, operands});
   r->groups = b.input("groups", {Shape{2, kE}, DType::kI32});
   if (direct) {
-    ops::grouped_matmul_wgrad_accumulate(b, r->dst, r->a, r->b, r->groups, overwrite);
+    ops::grouped_matmul_wgrad_accumulate(b, r->dst, r->a, r->b, r->groups, overwrite, kernel);
   } else {
-    ValueId w = ops::grouped_matmul_wgrad(b, r->a, r->b, r->groups);
+    ValueId w = ops::grouped_matmul_wgrad(b, r->a, r->b, r->groups, kernel);
     ops::accumulate(b, r->dst, ops::reshape(b, w, Shape{kE * kP, kQ}), overwrite);
   }
   return r;
@@ -133,6 +134,25 @@ TEST(FuseGradMatmul, Bf16ExpertWgradIntoFloat32SinkBecomesOneGroupedGemm) {
   }
   // Same-dtype sinks keep the wgrad and the add.
   EXPECT_EQ(fuse_grad_matmul(wgrad_graph(DType::kF64, DType::kF64, true)->g), 0);
+}
+
+// [model] expert_gemm_backend is the wgrad's "kernel" attribute: the sink made of it runs the same
+// kernels.
+TEST(FuseGradMatmul, FusedExpertSinkKeepsTheWgradsKernel) {
+  for (ops::ExpertGemmKernel k : {ops::ExpertGemmKernel::kAuto, ops::ExpertGemmKernel::kCublas,
+                                  ops::ExpertGemmKernel::kMeshtrain}) {
+    auto r = wgrad_graph(DType::kBF16, DType::kF32, true, false, k);
+    ASSERT_EQ(fuse_grad_matmul(r->g), 1);
+    int fused = 0;
+    for (const Node& n : r->g.nodes()) {
+      if (n.dead || n.op != ops::kGroupedWgradAccumulateOp) continue;
+      ++fused;
+      EXPECT_TRUE(n.attrs.has("kernel")) << ops::expert_gemm_kernel_name(k);
+      EXPECT_EQ(ops::expert_gemm_kernel_of(n.attrs), k) << ops::expert_gemm_kernel_name(k);
+      EXPECT_TRUE(n.attrs.b("overwrite"));
+    }
+    EXPECT_EQ(fused, 1);
+  }
 }
 
 TEST(GroupedWgradAccumulate, CpuBf16OperandsSumInFloat32AndEmptyExpertsFollowOverwrite) {

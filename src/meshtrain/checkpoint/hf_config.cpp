@@ -248,6 +248,7 @@ std::unique_ptr<Model> create_model_from_hf(const HfModelConfig& hf, const Model
   a.moe.load_balance_coeff = o.load_balance_coeff;
   if (o.moe_top_k > 0) a.moe.top_k = o.moe_top_k;
   a.moe.router_zero_init = o.router_zero_init;
+  a.moe.expert_gemm_kernel = o.expert_gemm_kernel;
   a.attention_kernel = o.attention_kernel;
   // [model] mtp_layers decides the MTP modules, not num_nextn_predict_layers: a run may train
   // without the release's MTP layers (loading them is checked against mtp_layers).

@@ -377,6 +377,7 @@ std::unique_ptr<Model> create_deepseek_v3(const ModelOptions& o) {
   a.moe.load_balance_coeff = o.load_balance_coeff;
   if (o.moe_top_k > 0) a.moe.top_k = o.moe_top_k;
   a.moe.router_zero_init = o.router_zero_init;
+  a.moe.expert_gemm_kernel = o.expert_gemm_kernel;
   a.attention_kernel = o.attention_kernel;
   a.mtp_layers = o.mtp_layers;
   return create_deepseek_v3(a, o.flavor);

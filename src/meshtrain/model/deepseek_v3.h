@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "meshtrain/model/model.h"
+#include "meshtrain/moe/grouped_matmul.h"
 #include "meshtrain/moe/router.h"
 #include "meshtrain/ops/rope.h"
 
@@ -29,6 +30,9 @@ struct DeepSeekV3MoEArgs {  // torchtitan's MoEArgs
   // Rows of each expert's group are padded to a multiple of this (torchtitan's
   // TOKEN_GROUP_ALIGN_SIZE_M, what bf16 grouped GEMMs need), on every backend alike.
   int64_t token_group_alignment = 8;
+  // Which CUDA kernels run the routed experts' grouped GEMMs, forward and backward ([model]
+  // expert_gemm_backend; the arithmetic is the same).
+  ops::ExpertGemmKernel expert_gemm_kernel = ops::ExpertGemmKernel::kAuto;
   ops::RouterConfig router_config() const;
 };
 

@@ -104,9 +104,10 @@ MoeOutputs moe_forward(Builder& b, const DeepSeekV3Args& a, const MoeWeights& w,
     ValueId xp = ops::moe_permute(b, x, dp, m.score_before_experts ? r.weights : kNoValue);
     ExpertRows rows{xp, dp.groups};
     if (ep) rows = plan->to_local_experts(b, xp, dp.groups, dp.capacity, m.token_group_alignment);
-    ValueId h = ops::swiglu(b, ops::grouped_matmul(b, rows.x, w.w1, rows.groups),
-                            ops::grouped_matmul(b, rows.x, w.w3, rows.groups));
-    ValueId y = ops::grouped_matmul(b, h, w.w2, rows.groups);
+    const ops::ExpertGemmKernel k = m.expert_gemm_kernel;
+    ValueId h = ops::swiglu(b, ops::grouped_matmul(b, rows.x, w.w1, rows.groups, true, k),
+                            ops::grouped_matmul(b, rows.x, w.w3, rows.groups, true, k));
+    ValueId y = ops::grouped_matmul(b, h, w.w2, rows.groups, true, k);
     if (ep) y = plan->from_local_experts(b, y, rows, dp.groups, dp.capacity);
     routed = ops::moe_combine(b, y, dp.row_map, m.score_before_experts ? kNoValue : r.weights);
   }

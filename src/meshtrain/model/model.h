@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshtrain/ir/builder.h"
+#include "meshtrain/moe/grouped_matmul.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/parallel/plan.h"
@@ -52,6 +53,8 @@ struct ModelOptions {
   int64_t moe_top_k = 0;             // [model] moe_top_k (0 = flavor's)
   bool router_zero_init = false;     // [model] router_zero_init
   ops::AttentionKernel attention_kernel = ops::AttentionKernel::kAuto;  // [model] attention_backend
+  // [model] expert_gemm_backend (MoE models)
+  ops::ExpertGemmKernel expert_gemm_kernel = ops::ExpertGemmKernel::kAuto;
   int mtp_layers = 0;  // [model] mtp_layers: multi-token-prediction modules (deepseek_v3 only)
 };
 

@@ -1,5 +1,6 @@
-// grouped_matmul / grouped_matmul_wgrad: shape inference and the backward rule; and
-// grouped_matmul_wgrad_accumulate, the weight gradient written into its float32 buffer.
+// grouped_matmul / grouped_matmul_wgrad: shape inference and the backward rule (its GEMMs keep the
+// forward's kernel choice); and grouped_matmul_wgrad_accumulate, the weight gradient written into
+// its float32 buffer.
 #include "meshtrain/moe/grouped_matmul.h"
 
 namespace meshtrain::ops {
@@ -84,17 +85,35 @@ std::vector<TensorMeta> infer_wgrad_accumulate(const std::vector<TensorMeta>& in
 
 }  // namespace
 
-ValueId grouped_matmul(Builder& b, ValueId x, ValueId w, ValueId groups, bool transpose_w) {
-  return b.op1("grouped_matmul", {x, w, groups}, {{"transpose_w", int64_t(transpose_w)}});
+const char* expert_gemm_kernel_name(ExpertGemmKernel k) {
+  switch (k) {
+    case ExpertGemmKernel::kAuto: return "auto";
+    case ExpertGemmKernel::kCublas: return "cublas";
+    case ExpertGemmKernel::kMeshtrain: return "meshtrain";
+  }
+  return "auto";
 }
 
-ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups) {
-  return b.op1("grouped_matmul_wgrad", {a, bm, groups});
+// Graphs built before the attribute existed (and tests that build nodes by hand) carry none.
+ExpertGemmKernel expert_gemm_kernel_of(const Attrs& attrs) {
+  return attrs.has("kernel") ? ExpertGemmKernel(attrs.i("kernel")) : ExpertGemmKernel::kAuto;
+}
+
+ValueId grouped_matmul(Builder& b, ValueId x, ValueId w, ValueId groups, bool transpose_w,
+                       ExpertGemmKernel kernel) {
+  return b.op1("grouped_matmul", {x, w, groups},
+               {{"transpose_w", int64_t(transpose_w)}, {"kernel", int64_t(kernel)}});
+}
+
+ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups,
+                             ExpertGemmKernel kernel) {
+  return b.op1("grouped_matmul_wgrad", {a, bm, groups}, {{"kernel", int64_t(kernel)}});
 }
 
 void grouped_matmul_wgrad_accumulate(Builder& b, ValueId dst, ValueId a, ValueId bm, ValueId groups,
-                                     bool overwrite) {
-  b.op(kGroupedWgradAccumulateOp, {dst, a, bm, groups}, {{"overwrite", int64_t(overwrite)}});
+                                     bool overwrite, ExpertGemmKernel kernel) {
+  b.op(kGroupedWgradAccumulateOp, {dst, a, bm, groups},
+       {{"overwrite", int64_t(overwrite)}, {"kernel", int64_t(kernel)}});
 }
 
 MT_REGISTER_OPS {
@@ -104,13 +123,14 @@ MT_REGISTER_OPS {
             .backward =
                 [](GradContext& c) {
                   const bool tw = c.attrs().b("transpose_w");
+                  const ExpertGemmKernel k = expert_gemm_kernel_of(c.attrs());
                   std::vector<ValueId> g(3, kNoValue);
                   if (c.needs_grad[0])
-                    g[0] = grouped_matmul(c.b, c.grad_out(0), c.in(1), c.in(2), !tw);
+                    g[0] = grouped_matmul(c.b, c.grad_out(0), c.in(1), c.in(2), !tw, k);
                   // y_e = x_e w_eᵀ: dw_e = dy_eᵀ x_e; y_e = x_e w_e: dw_e = x_eᵀ dy_e.
                   if (c.needs_grad[1])
-                    g[1] = tw ? grouped_matmul_wgrad(c.b, c.grad_out(0), c.in(0), c.in(2))
-                              : grouped_matmul_wgrad(c.b, c.in(0), c.grad_out(0), c.in(2));
+                    g[1] = tw ? grouped_matmul_wgrad(c.b, c.grad_out(0), c.in(0), c.in(2), k)
+                              : grouped_matmul_wgrad(c.b, c.in(0), c.grad_out(0), c.in(2), k);
                   return g;
                 },
             .compute_heavy = true});

@@ -9,20 +9,35 @@
 
 namespace meshtrain::ops {
 
+// Which kernels run the grouped GEMMs on CUDA ([model] expert_gemm_backend): kAuto takes
+// meshtrain's Hopper grouped GEMM (it reads the group offsets on the device, so the host waits
+// for no plan) where the GPU is sm90, the dtype bf16 and the shape fits it, else per-expert
+// cuBLASLt; kCublas always runs per-expert cuBLASLt; kMeshtrain insists on the Hopper kernel (a
+// node it cannot run is an error naming it). The CPU kernels ignore it: every choice computes
+// the same function.
+enum class ExpertGemmKernel : int64_t { kAuto = 0, kCublas = 1, kMeshtrain = 2 };
+const char* expert_gemm_kernel_name(ExpertGemmKernel k);  // "auto" | "cublas" | "meshtrain"
+ExpertGemmKernel expert_gemm_kernel_of(const Attrs& attrs);
+
 // x [C, K], w [E, N, K] (transpose_w) or [E, K, N], groups [2, E] int32 -> [C, N].
-// Backward: dx = grouped_matmul(dy, w, groups, !transpose_w); dw = grouped_matmul_wgrad.
-ValueId grouped_matmul(Builder& b, ValueId x, ValueId w, ValueId groups, bool transpose_w = true);
+// Backward: dx = grouped_matmul(dy, w, groups, !transpose_w); dw = grouped_matmul_wgrad; both
+// with the forward's kernel.
+ValueId grouped_matmul(Builder& b, ValueId x, ValueId w, ValueId groups, bool transpose_w = true,
+                       ExpertGemmKernel kernel = ExpertGemmKernel::kAuto);
 
 // a [C, P], b [C, Q], groups [2, E] -> [E, P, Q] with out[e] = a[rows of e]ᵀ · b[rows of e];
 // zero for experts that received no rows. The weight gradient of grouped_matmul.
-ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups);
+ValueId grouped_matmul_wgrad(Builder& b, ValueId a, ValueId bm, ValueId groups,
+                             ExpertGemmKernel kernel = ExpertGemmKernel::kAuto);
 
 inline constexpr const char* kGroupedWgradAccumulateOp = "grouped_matmul_wgrad_accumulate";
 // grouped_matmul_wgrad's accumulating form, a gradient sink (graph/passes/fuse_grad_matmul):
 // dst [E, P, Q] (float32 for bf16 operands, else the operands' dtype) += the product, or = it when
-// `overwrite` (experts with no rows then get zeros; otherwise they are left as they are).
+// `overwrite` (experts with no rows then get zeros; otherwise they are left as they are). The pass
+// keeps the wgrad's kernel.
 void grouped_matmul_wgrad_accumulate(Builder& b, ValueId dst, ValueId a, ValueId bm, ValueId groups,
-                                     bool overwrite);
+                                     bool overwrite,
+                                     ExpertGemmKernel kernel = ExpertGemmKernel::kAuto);
 
 // Checks that a groups tensor is int32 [2, experts] (ShapeError naming the op).
 void check_groups(const TensorMeta& groups, int64_t experts, const char* op);

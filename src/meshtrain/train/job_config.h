@@ -16,6 +16,7 @@
 #include "meshtrain/core/config.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/graph/passes/bucket_collectives.h"
+#include "meshtrain/moe/grouped_matmul.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/optim/lr_schedule.h"
@@ -83,6 +84,8 @@ struct ModelSection {
   bool fused_output_loss = true;
   int64_t output_loss_chunk_rows = ops::kDefaultChunkRows;               // its rows per chunk
   ops::AttentionKernel attention_backend = ops::AttentionKernel::kAuto;  // the CUDA kernels
+  // MoE models: the CUDA kernels of the routed experts' grouped GEMMs
+  ops::ExpertGemmKernel expert_gemm_backend = ops::ExpertGemmKernel::kAuto;
   // An HF config.json (or a folder holding one) whose dims the model takes instead of the
   // flavor's; "" = the flavor. [model] name must match its architecture.
   std::string hf_config;

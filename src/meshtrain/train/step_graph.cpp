@@ -58,6 +58,7 @@ std::unique_ptr<StepGraph> build_forward(const JobConfig& cfg, const GroupLayout
   mo.moe_top_k = cfg.model.moe_top_k;
   mo.router_zero_init = cfg.model.router_zero_init;
   mo.attention_kernel = cfg.model.attention_backend;
+  mo.expert_gemm_kernel = cfg.model.expert_gemm_backend;
   mo.mtp_layers = int(cfg.model.mtp_layers);
   if (o.make_model)
     sg->model = o.make_model();

@@ -55,6 +55,8 @@ int fuse_grad_matmul(Graph& g) {
     const Node& producer = g.node(g.value(src).producer);
     const OpDef& pdef = reg.op(producer.op);
     if (pdef.accumulating_form.empty() || producer.outputs.size() != 1) continue;
+    // Every attribute of the producer carries over (its kernel choice among them): the
+    // accumulating form takes the producer's attributes and adds the sink's overwrite.
     Attrs attrs = producer.attrs;
     attrs.set("overwrite", int64_t(sink.attrs.b("overwrite")));
     std::vector<ValueId> inputs{dst};

@@ -7,10 +7,14 @@
 // form (grouped_matmul_wgrad_accumulate) writes the float32 gradient itself, beta 0 when it
 // overwrites (zeroing empty experts) and 1 after (leaving them).
 //
-// Host sync: cuBLAS takes each GEMM's extents on the host, and the group counts are data (the
-// router's choices of this step). When the groups come from moe_dispatch_plan, the plan has
-// published a pinned copy (plan_groups.h) and the host waits for that plan's event only: the GPU
-// keeps running what was queued after the plan, and in backward the event is long done. The
+// On Hopper, bf16 GEMMs whose rows are 16-byte multiples run meshtrain's persistent grouped GEMM
+// instead (grouped_gemm_sm90.h: one launch, the groups read on the device, no host wait); the
+// node's "kernel" attr ([model] expert_gemm_backend) can insist on either path.
+//
+// Host sync (the cuBLASLt path): cuBLAS takes each GEMM's extents on the host, and the group counts
+// are data (the router's choices of this step). When the groups come from moe_dispatch_plan, the
+// plan has published a pinned copy (plan_groups.h) and the host waits for that plan's event only:
+// the GPU keeps running what was queued after the plan, and in backward the event is long done. The
 // expert-parallel exchange's local groups are built on the host by ep_counts at its host sync
 // point and published there (moe/host_counts.h): read with no copy and no wait. Groups made
 // elsewhere are copied here with a sync of the node's stream. A device-side grouped kernel that
@@ -23,6 +27,7 @@
 #include <mutex>
 
 #include "meshtrain/moe/cuda/expert_gemm.h"
+#include "meshtrain/moe/cuda/grouped_gemm_sm90.h"
 #include "meshtrain/moe/cuda/plan_groups.h"
 #include "meshtrain/moe/grouped_matmul.h"
 #include "meshtrain/moe/host_counts.h"
@@ -224,6 +229,21 @@ void launch_zero_outside(DType dt, const Tensor& groups, int64_t e, int64_t rows
   }
 }
 
+// Whether a node runs the Hopper grouped GEMM: bf16, the device and extents it takes, and the
+// node's kernel choice (kMeshtrain insists: an error naming the node where it cannot run).
+bool use_sm90(const Node& node, DType dtype, int64_t experts, int64_t n, int64_t k) {
+  const ops::ExpertGemmKernel want = ops::expert_gemm_kernel_of(node.attrs);
+  if (want == ops::ExpertGemmKernel::kCublas) return false;
+  const bool can = dtype == DType::kBF16 && grouped_gemm_sm90_supports(experts, n, k);
+  MT_CHECK(can || want != ops::ExpertGemmKernel::kMeshtrain,
+           "{} at '{}': [model] expert_gemm_backend = \"meshtrain\", but its Hopper grouped GEMM "
+           "cannot run here (it needs a compute capability 9.0 GPU, bfloat16 operands, at most {} "
+           "experts and extents that are multiples of 8; found {}, {} experts, extents {} and {}); "
+           "use \"auto\" or \"cublas\"",
+           node.op, node.scope, kGroupedSm90MaxExperts, dtype_name(dtype), experts, n, k);
+  return can;
+}
+
 // The expert GEMMs as the launches below call them, column-major, at the largest extent (every
 // routed row in one expert). grouped_matmul: y_eᵀ[n, count] = op(w_e)ᵀ · x_eᵀ[k, count], w being
 // [E, n, k] (tw) or [E, k, n].
@@ -260,7 +280,27 @@ KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
   const TensorMeta& wm = graph.value(node.inputs.at(1)).meta;
   cuda_type(xm.dtype);
   const bool tw = node.attrs.b("transpose_w");
-  auto st = std::make_shared<GroupedState>(graph, node.inputs.at(2), wm.shape[0], xm.dtype,
+  const int64_t experts = wm.shape[0], wn = tw ? wm.shape[1] : wm.shape[2];
+  if (use_sm90(node, xm.dtype, experts, wn, xm.shape[1]))
+    return [experts, tw](KernelContext& c) {
+      const int64_t rows = c.in[0].shape()[0], k = c.in[0].shape()[1], n = c.out[0].shape()[1];
+      if (n > 0)
+        launch_zero_outside(DType::kBF16, c.in[2], experts, rows, n, c.out[0].raw(), stream_of(c));
+      const GroupedGemmSm90 g{c.in[0].raw(),
+                              c.in[1].raw(),
+                              c.out[0].raw(),
+                              static_cast<const int32_t*>(c.in[2].raw()),
+                              experts,
+                              rows,
+                              n,
+                              k,
+                              tw};
+      MT_CHECK(grouped_gemm_sm90(g, stream_of(c)),
+               "grouped_matmul at '{}': the Hopper grouped GEMM refused [{}, {}] x {} experts "
+               "after prepare took it (a buffer not 16-byte aligned?)",
+               c.node->scope, rows, k, experts);
+    };
+  auto st = std::make_shared<GroupedState>(graph, node.inputs.at(2), experts, xm.dtype,
                                            gmm_shape(xm, wm, tw));
   return [st, tw](KernelContext& c) {
     const int64_t rows = c.in[0].shape()[0], k = c.in[0].shape()[1];
@@ -305,8 +345,31 @@ KernelFn make_wgrad_kernel(const Node& node, const Graph& graph, bool into) {
     shape.accumulate = !overwrite;
   }
   const char* what = into ? ops::kGroupedWgradAccumulateOp : "grouped_matmul_wgrad";
-  auto st = std::make_shared<GroupedState>(graph, groups, graph.value(groups).meta.shape[1],
-                                           am.dtype, shape);
+  const int64_t experts = graph.value(groups).meta.shape[1];
+  // The Hopper kernel writes bf16 only outright (a bf16 += stays with cuBLAS).
+  if ((shape.f32_out || !shape.accumulate) &&
+      use_sm90(node, am.dtype, experts, bm.shape[1], am.shape[1])) {
+    const bool f32_out = shape.f32_out, accumulate = shape.accumulate;
+    return [experts, first, into, f32_out, accumulate, what](KernelContext& c) {
+      const Tensor& ta = c.in[first];
+      const Tensor& tb = c.in[first + 1];
+      const GroupedWgradSm90 g{ta.raw(),
+                               tb.raw(),
+                               into ? c.in[0].raw() : c.out[0].raw(),
+                               static_cast<const int32_t*>(c.in[first + 2].raw()),
+                               experts,
+                               ta.shape()[0],
+                               ta.shape()[1],
+                               tb.shape()[1],
+                               f32_out,
+                               accumulate};
+      MT_CHECK(grouped_wgrad_sm90(g, stream_of(c)),
+               "{} at '{}': the Hopper grouped GEMM refused it after prepare took it (a buffer "
+               "not 16-byte aligned?)",
+               what, c.node->scope);
+    };
+  }
+  auto st = std::make_shared<GroupedState>(graph, groups, experts, am.dtype, shape);
   const size_t out_elem = shape.f32_out ? sizeof(float) : dtype_size(am.dtype);
   return [st, first, into, overwrite, what, out_elem](KernelContext& c) {
     const Tensor& ta = c.in[first];

@@ -1,0 +1,423 @@
+// meshtrain's Hopper grouped GEMM (grouped_gemm_sm90.h): one persistent kernel over every
+// (expert, row tile, column tile) of a grouped GEMM, the groups read from device memory.
+//
+// Each CTA (one per SM) first turns the groups into a prefix of tile counts in shared memory, then
+// walks the tiles t = blockIdx.x, + gridDim.x, ... (expert-major, columns fastest, so the CTAs
+// working at one time share an expert's weight and rows in L2). Warp 0 of warpgroup 0 issues the
+// TMA loads of every k-block of its tiles into a ring of stages (full/empty mbarriers, the ring
+// running on across tiles); warpgroups 1 and 2 take rows 0..63 and 64..127 of the tile, issue
+// wgmma from shared memory (one group kept in flight) and store their accumulators.
+//
+// Three operand forms (the row-major names of the ops):
+//   forward  y = x · w_eᵀ : A = x rows, K-major; B = w_e [n, k], K-major.
+//   dgrad    y = x · w_e  : A = x rows, K-major; B = w_e [k, n], MN-major (n contiguous).
+//   wgrad    out_e = aᵀ b : M = p, N = q, K = the expert's rows; A = a rows, MN-major (p
+//            contiguous); B = b rows, MN-major. The last k-block of an expert reaches into the next
+//            expert's rows: the consumers zero those rows of both tiles in shared memory first.
+// Rows past the expert (forward, dgrad) are computed from whatever follows and never stored.
+#include <algorithm>
+#include <atomic>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/moe/cuda/grouped_gemm_sm90.h"
+#include "meshtrain/ops/cuda/attention_mma.cuh"
+#include "meshtrain/ops/cuda/cuda_kernel.h"
+#include "meshtrain/ops/cuda/hopper_mma.cuh"
+
+namespace meshtrain::cuda {
+namespace gg90 {
+
+using namespace hopper;
+
+enum class Form : int { kForward, kDgrad, kWgrad };
+
+constexpr int kBM = 128, kBK = 64, kThreads = 384;
+constexpr int kMaxE = int(kGroupedSm90MaxExperts);
+constexpr uint32_t kConsumerWarps = 8;
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr uint32_t kBlockBytes = 64 * 128;  // one [64 rows][64 bf16] swizzled block
+
+template <int BN, int STAGES>
+struct Cfg {
+  static_assert(BN == 128 || BN == 256, "wgmma n128 or n256 per consumer warpgroup");
+  static constexpr uint32_t kABytes = kBM * kBK * 2;  // 16 KiB
+  static constexpr uint32_t kBBytes = BN * kBK * 2;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  static constexpr uint32_t kTablesOff = STAGES * kStageBytes;
+  // tile_end[kMaxE] (inclusive prefix of tiles), start[kMaxE], count[kMaxE]
+  static constexpr uint32_t kBarOff = kTablesOff + 3 * kMaxE * 4;
+  static constexpr size_t kSmem = kBarOff + 2 * STAGES * 8 + 1024;  // + alignment slack
+  static_assert(kSmem <= 227 * 1024, "shared memory per CTA");
+};
+
+struct Params {
+  CUtensorMap tm_a, tm_b;
+  void* out;
+  const int32_t* groups;
+  int experts, rows;  // rows: the row count of x / a / b (groups are clipped to it)
+  int m_ext;          // wgrad: p (forward, dgrad: unused, the group's count is M)
+  int n_ext, k_ext;   // forward, dgrad: n and k; wgrad: q (k_ext unused)
+  int out_f32, accumulate;
+};
+
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
+template <Form F, int BN, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_kernel(const __grid_constant__ Params p) {
+  using C = Cfg<BN, STAGES>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  int* tile_end = reinterpret_cast<int*>(smem_raw + (base + C::kTablesOff - smem_u32(smem_raw)));
+  int* g_start = tile_end + kMaxE;
+  int* g_count = g_start + kMaxE;
+  const uint32_t bar = base + C::kBarOff;
+  auto full = [&](int s) { return bar + 8 * s; };
+  auto empty = [&](int s) { return bar + 8 * (STAGES + s); };
+
+  const int E = p.experts;
+  const int n_tiles = (p.n_ext + BN - 1) / BN;
+  const int m_tiles_wgrad = (p.m_ext + kBM - 1) / kBM;
+  for (int e = int(threadIdx.x); e < E; e += kThreads) {
+    const int start = min(max(p.groups[e], 0), p.rows);
+    const int count = min(max(p.groups[E + e], 0), p.rows - start);
+    g_start[e] = start;
+    g_count[e] = count;
+    tile_end[e] = (F == Form::kWgrad ? m_tiles_wgrad : (count + kBM - 1) / kBM) * n_tiles;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), kConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // inclusive prefix of the tile counts, 32 experts at a time
+    const int lane = int(threadIdx.x);
+    int carry = 0;
+    for (int b0 = 0; b0 < E; b0 += 32) {
+      const int i = b0 + lane;
+      int v = i < E ? tile_end[i] : 0;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+      }
+      v += carry;
+      if (i < E) tile_end[i] = v;
+      carry = __shfl_sync(0xffffffffu, v, 31);
+    }
+  }
+  __syncthreads();
+  const int total = E > 0 ? tile_end[E - 1] : 0;
+  // Tile t -> (expert, row tile, column tile): the first expert whose prefix passes t.
+  auto decode = [&](int t, int& e, int& mt, int& nt) {
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (tile_end[mid] > t)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    e = lo;
+    const int local = t - (e > 0 ? tile_end[e - 1] : 0);
+    mt = local / n_tiles;
+    nt = local - mt * n_tiles;
+  };
+  auto k_blocks = [&](int e) {
+    return F == Form::kWgrad ? (g_count[e] + kBK - 1) / kBK : (p.k_ext + kBK - 1) / kBK;
+  };
+
+  const int wg = int(threadIdx.x) / 128;
+  if (wg == 0) {
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&p.tm_a);
+      tma_prefetch_map(&p.tm_b);
+      int it = 0;
+      for (int t = int(blockIdx.x); t < total; t += int(gridDim.x)) {
+        int e, mt, nt;
+        decode(t, e, mt, nt);
+        const int nk = k_blocks(e);
+        for (int kb = 0; kb < nk; ++kb, ++it) {
+          const int s = it % STAGES;
+          mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
+          mbar_arrive_expect_tx(full(s), C::kStageBytes);
+          const uint32_t sa = base + s * C::kStageBytes, sb = sa + C::kABytes;
+          if constexpr (F == Form::kWgrad) {
+            const int r0 = g_start[e] + kb * kBK;
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              tma_load_2d(&p.tm_a, sa + c * kBlockBytes, full(s), mt * kBM + 64 * c, r0);
+#pragma unroll
+            for (int c = 0; c < BN / 64; ++c)
+              tma_load_2d(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, r0);
+          } else {
+            tma_load_2d(&p.tm_a, sa, full(s), kb * kBK, g_start[e] + mt * kBM);
+            if constexpr (F == Form::kForward) {
+              tma_load_3d(&p.tm_b, sb, full(s), kb * kBK, nt * BN, e);
+            } else {
+#pragma unroll
+              for (int c = 0; c < BN / 64; ++c)
+                tma_load_3d(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, kb * kBK, e);
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ------------------------------------------------------------------------------
+  setmaxnreg_inc<kConsumerRegs>();
+  const int w = wg - 1, t_in = int(threadIdx.x) - 128 * wg, lane = t_in & 31;
+  const int row_in_wg = 16 * (t_in >> 5) + (lane >> 2);  // upper accumulator row; +8 the lower
+  constexpr int kTransA = F == Form::kWgrad ? 1 : 0;
+  constexpr int kTransB = F == Form::kForward ? 0 : 1;
+  float acc[BN / 2];
+  int it = 0;
+  for (int t = int(blockIdx.x); t < total; t += int(gridDim.x)) {
+    int e, mt, nt;
+    decode(t, e, mt, nt);
+    const int count = g_count[e];
+    const int nk = k_blocks(e);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    int prev = -1;
+    for (int kb = 0; kb < nk; ++kb, ++it) {
+      const int s = it % STAGES;
+      mbar_wait(full(s), (it / STAGES) & 1);
+      const uint32_t sa = base + s * C::kStageBytes, sb = sa + C::kABytes;
+      if constexpr (F == Form::kWgrad) {
+        const int valid = count - kb * kBK;
+        if (valid < kBK) {
+          // K rows valid..63 belong to the next expert (or lie past the buffer): zero them in
+          // every block of both tiles (a K row is one whole 128-byte row of a block), make the
+          // stores visible to wgmma, and wait for the other warpgroup's half.
+          constexpr int kBlocks = 2 + BN / 64;
+          const int chunks = kBlocks * (kBK - valid) * 8;
+          for (int i = t_in + 128 * w; i < chunks; i += 256) {
+            const int blk = i / ((kBK - valid) * 8), rem = i - blk * (kBK - valid) * 8;
+            const int r = valid + rem / 8, ch = rem % 8;
+            const uint32_t tile = blk < 2 ? sa + blk * kBlockBytes : sb + (blk - 2) * kBlockBytes;
+            st_shared_zero16(tile + r * 128 + ch * 16);
+          }
+          fence_proxy_async_smem();
+          named_bar_sync(1, 256);
+        }
+      }
+      // This warpgroup's A: rows 64w.. of a K-major tile, or M block w of an MN-major one.
+      const uint32_t a_rows = sa + w * kBlockBytes;
+      const uint64_t da = kTransA ? wgmma_desc_sw128(a_rows, kBlockBytes, kSw128Sbo)
+                                  : wgmma_desc_sw128(a_rows, kKMajorLbo, kSw128Sbo);
+      const uint64_t db = kTransB ? wgmma_desc_sw128(sb, kBlockBytes, kSw128Sbo)
+                                  : wgmma_desc_sw128(sb, kKMajorLbo, kSw128Sbo);
+      fence_regs(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        // k16 step: 32 bytes along a K-major row, 16 rows (2048 bytes) down an MN-major block.
+        const uint32_t ao = kTransA ? ks * 2048 : ks * 32, bo = kTransB ? ks * 2048 : ks * 32;
+        if constexpr (BN == 128)
+          wgmma_m64n128k16_ss_acc<kTransA, kTransB>(acc, da + (ao >> 4), db + (bo >> 4));
+        else
+          wgmma_m64n256k16_ss_acc<kTransA, kTransB>(acc, da + (ao >> 4), db + (bo >> 4));
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous k-block's group is done: its stage goes back
+      fence_regs(acc);
+      if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+      prev = s;
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+
+    // ---- epilogue: accumulator (row 16·warp + lane/4 + 8r, column 8j + 2·(lane%4)) -> global
+    const int col0 = nt * BN + 2 * (lane & 3);
+    if constexpr (F == Form::kWgrad) {
+      if (count == 0 && p.accumulate) continue;  // nothing to add: leave the gradient
+      const int64_t q = p.n_ext;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int m = mt * kBM + 64 * w + row_in_wg + 8 * r;
+        if (m >= p.m_ext) continue;
+        const int64_t row_at = (int64_t(e) * p.m_ext + m) * q;
+        if (p.out_f32) {
+          float* dst = static_cast<float*>(p.out) + row_at;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = col0 + 8 * j;
+            if (col >= q) continue;
+            float2 v = make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+            if (p.accumulate) {
+              const float2 old = *reinterpret_cast<const float2*>(dst + col);
+              v.x += old.x;
+              v.y += old.y;
+            }
+            *reinterpret_cast<float2*>(dst + col) = v;
+          }
+        } else {
+          attn::bf16* dst = static_cast<attn::bf16*>(p.out) + row_at;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = col0 + 8 * j;
+            if (col < q)
+              *reinterpret_cast<uint32_t*>(dst + col) =
+                  pack_bf16x2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+          }
+        }
+      }
+    } else {
+      const int64_t n = p.n_ext;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int m = mt * kBM + 64 * w + row_in_wg + 8 * r;
+        if (m >= count) continue;
+        attn::bf16* dst = static_cast<attn::bf16*>(p.out) + (int64_t(g_start[e]) + m) * n;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = col0 + 8 * j;
+          if (col < n)
+            *reinterpret_cast<uint32_t*>(dst + col) =
+                pack_bf16x2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+        }
+      }
+    }
+  }
+}
+
+// ---- host ---------------------------------------------------------------------------------------
+
+bool device_is_sm90_with_sms(int* sms) {
+  static std::atomic<int> cached[64] = {};  // 0 unknown, else SM count + 1 (1: not sm90)
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int v = device < 64 ? cached[device].load() : 0;
+  if (v == 0) {
+    int major = 0, minor = 0, count = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    v = major == 9 && minor == 0 ? count + 1 : 1;
+    if (device < 64) cached[device].store(v);
+  }
+  *sms = v - 1;
+  return v > 1;
+}
+
+// A row-major bf16 matrix [rows, cols] (or `batch` of them) as a TMA map with a box of 64 columns
+// by `box_rows` rows.
+void encode(CUtensorMap* map, const void* ptr, int64_t cols, int64_t rows, int64_t batch,
+            uint32_t box_rows, const char* what) {
+  const uint64_t dims[3] = {uint64_t(cols), uint64_t(rows), uint64_t(batch)};
+  const uint64_t strides[2] = {uint64_t(cols * 2), uint64_t(rows * cols * 2)};
+  const uint32_t box[3] = {64, box_rows, 1};
+  const CUresult rc = encode_tensor_map_bf16(map, ptr, batch > 1 ? 3 : 2, dims, strides, box);
+  MT_CHECK(rc == CUDA_SUCCESS,
+           "grouped GEMM sm90: cuTensorMapEncodeTiled failed with CUresult {} for {} [{}, {}, {}] "
+           "at {} (box rows {}); the driver may be older than CUDA 12",
+           int(rc), what, batch, rows, cols, ptr, box_rows);
+}
+
+template <Form F, int BN, int STAGES>
+void launch(const Params& p, int64_t max_tiles, int sms, cudaStream_t stream) {
+  using Cf = Cfg<BN, STAGES>;
+  constexpr auto kernel = grouped_gemm_kernel<F, BN, STAGES>;
+  attn::set_smem_limit_once<kernel>(Cf::kSmem);
+  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, max_tiles)));
+  kernel<<<grid, kThreads, Cf::kSmem, stream>>>(p);
+  CUDA_CHECK_LAUNCH("grouped_gemm_sm90");
+}
+
+struct Variant {
+  const char* name;
+  int bn;
+  void (*fwd)(const Params&, int64_t, int, cudaStream_t);
+  void (*dgrad)(const Params&, int64_t, int, cudaStream_t);
+  void (*wgrad)(const Params&, int64_t, int, cudaStream_t);
+};
+constexpr Variant kVariants[] = {
+    {"128x128 tiles, 6 stages", 128, &launch<Form::kForward, 128, 6>, &launch<Form::kDgrad, 128, 6>,
+     &launch<Form::kWgrad, 128, 6>},
+    {"128x256 tiles, 4 stages", 256, &launch<Form::kForward, 256, 4>, &launch<Form::kDgrad, 256, 4>,
+     &launch<Form::kWgrad, 256, 4>},
+};
+constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
+
+}  // namespace gg90
+
+int grouped_gemm_sm90_num_variants() { return gg90::kNumVariants; }
+
+const char* grouped_gemm_sm90_variant_name(int variant) {
+  return variant >= 0 && variant < gg90::kNumVariants ? gg90::kVariants[variant].name : nullptr;
+}
+
+bool grouped_gemm_sm90_supports(int64_t experts, int64_t n, int64_t k) {
+  int sms = 0;
+  // Rows of 16-byte multiples (TMA strides), int32 coordinates, the tables in shared memory.
+  return experts >= 1 && experts <= kGroupedSm90MaxExperts && n % 8 == 0 && k % 8 == 0 &&
+         n < (int64_t(1) << 30) && k < (int64_t(1) << 30) && gg90::device_is_sm90_with_sms(&sms);
+}
+
+bool grouped_gemm_sm90(const GroupedGemmSm90& g, cudaStream_t stream, int variant) {
+  using namespace gg90;
+  int sms = 0;
+  if (variant < 0 || variant >= kNumVariants || !grouped_gemm_sm90_supports(g.experts, g.n, g.k) ||
+      !device_is_sm90_with_sms(&sms) || g.rows >= (int64_t(1) << 31) || !aligned16(g.x) ||
+      !aligned16(g.w) || !aligned16(g.y))
+    return false;
+  if (g.rows == 0 || g.n == 0) return true;  // no output element
+  const Variant& v = kVariants[variant];
+  Params p{};
+  const int64_t k_for_map = std::max<int64_t>(g.k, 8);  // a 0-wide map is invalid; never read then
+  encode(&p.tm_a, g.x, k_for_map, g.rows, 1, kBM, "x");
+  if (g.transpose_w)
+    encode(&p.tm_b, g.w, k_for_map, g.n, g.experts, uint32_t(v.bn), "w [E, n, k]");
+  else
+    encode(&p.tm_b, g.w, g.n, std::max<int64_t>(g.k, 1), g.experts, 64, "w [E, k, n]");
+  p.out = g.y;
+  p.groups = g.groups;
+  p.experts = int(g.experts);
+  p.rows = int(g.rows);
+  p.n_ext = int(g.n);
+  p.k_ext = int(g.k);
+  const int64_t max_tiles = (g.rows / kBM + g.experts) * ((g.n + v.bn - 1) / v.bn);
+  (g.transpose_w ? v.fwd : v.dgrad)(p, max_tiles, sms, stream);
+  return true;
+}
+
+bool grouped_wgrad_sm90(const GroupedWgradSm90& g, cudaStream_t stream, int variant) {
+  using namespace gg90;
+  int sms = 0;
+  if (variant < 0 || variant >= kNumVariants || !grouped_gemm_sm90_supports(g.experts, g.q, g.p) ||
+      !device_is_sm90_with_sms(&sms) || g.rows >= (int64_t(1) << 31) || !aligned16(g.a) ||
+      !aligned16(g.b) || !aligned16(g.out) || (!g.out_f32 && g.accumulate))
+    return false;
+  if (g.p == 0 || g.q == 0) return true;  // no output element
+  const Variant& v = kVariants[variant];
+  Params p{};
+  const int64_t rows_for_map = std::max<int64_t>(g.rows, 1);  // never read when 0
+  encode(&p.tm_a, g.a, g.p, rows_for_map, 1, 64, "a");
+  encode(&p.tm_b, g.b, g.q, rows_for_map, 1, 64, "b");
+  p.out = g.out;
+  p.groups = g.groups;
+  p.experts = int(g.experts);
+  p.rows = int(g.rows);
+  p.m_ext = int(g.p);
+  p.n_ext = int(g.q);
+  p.out_f32 = g.out_f32 ? 1 : 0;
+  p.accumulate = g.accumulate ? 1 : 0;
+  const int64_t max_tiles = g.experts * ((g.p + kBM - 1) / kBM) * ((g.q + v.bn - 1) / v.bn);
+  v.wgrad(p, max_tiles, sms, stream);
+  return true;
+}
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,51 @@
+// meshtrain's Hopper grouped GEMM of the routed experts (grouped_gemm_sm90.cu): one persistent
+// kernel per grouped GEMM that reads the groups ([2, E] int32: start row, count) from device
+// memory, so no host wait and no per-expert launch. TMA loads into a multi-stage shared-memory
+// ring on mbarriers, one producer warp, two consumer warpgroups issuing wgmma over a 128-row tile.
+// Every function returns false (and launches nothing) where it cannot run: not compute capability
+// 9.0, an extent whose row stride is not a multiple of 16 bytes, a base not 16-byte aligned, more
+// than kMaxExperts experts; the caller then takes the per-expert cuBLASLt path.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace meshtrain::cuda {
+
+inline constexpr int64_t kGroupedSm90MaxExperts = 1024;
+
+// y[rows of e, n] = x[rows of e, k] · op(w_e) for every expert's group, bf16 with fp32
+// accumulation; w [E, n, k] used transposed (transpose_w, the forward) or [E, k, n] (the data
+// gradient). Rows outside every group are left untouched (the caller zeroes them). `rows`: x's and
+// y's row count; groups outside [0, rows) are clipped to it.
+struct GroupedGemmSm90 {
+  const void* x;
+  const void* w;
+  void* y;
+  const int32_t* groups;  // device [2, experts]
+  int64_t experts, rows, n, k;
+  bool transpose_w;
+};
+bool grouped_gemm_sm90(const GroupedGemmSm90& g, cudaStream_t stream, int variant = 0);
+
+// out[e] [p, q] (=|+=) a[rows of e, p]ᵀ · b[rows of e, q], bf16 operands, fp32 accumulation;
+// out float32 (accumulate: += ; else =) or bfloat16 (= only). Experts with no rows get zeros when
+// not accumulating and are left alone when accumulating. The weight gradient of the above.
+struct GroupedWgradSm90 {
+  const void* a;
+  const void* b;
+  void* out;
+  const int32_t* groups;  // device [2, experts]
+  int64_t experts, rows, p, q;
+  bool out_f32, accumulate;
+};
+bool grouped_wgrad_sm90(const GroupedWgradSm90& g, cudaStream_t stream, int variant = 0);
+
+// The tile variants (variant 0 is the default, used by the ops; bench_grouped_gemm times them all).
+int grouped_gemm_sm90_num_variants();
+const char* grouped_gemm_sm90_variant_name(int variant);
+// Whether this device and these extents can run (the same test the two functions make first).
+bool grouped_gemm_sm90_supports(int64_t experts, int64_t n, int64_t k);
+
+}  // namespace meshtrain::cuda
