@@ -1,9 +1,7 @@
 // linear_cross_entropy: the output head and the token-mean cross entropy as one op that never
 // holds the [N, V] logits; rows go through in chunks of `chunk_rows`, so only a [chunk_rows, V]
-// block of logits in the operands' dtype exists (the kernel's workspace; bf16 logits under mixed
-// precision, as the unfused linear writes them, with the row math in float32). With `grads` the
-// same pass writes the gradients of the loss for dloss = 1, and the backward rule only scales them
-// by the incoming dloss (scale_by).
+// float32 block exists (the kernel's workspace). With `grads` the same pass writes the gradients of
+// the loss for dloss = 1, and the backward rule only scales them by the incoming dloss (scale_by).
 #pragma once
 
 #include "meshtrain/ir/builder.h"

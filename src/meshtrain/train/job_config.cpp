@@ -116,9 +116,8 @@ std::vector<Binding> make_bindings() {
                     "cross_entropy)"));
   t.push_back(field("model", "output_loss_chunk_rows", &J::model,
                     &ModelSection::output_loss_chunk_rows,
-                    "fused_output_loss: rows per chunk (a [chunk, vocab] block of logits in the "
-                    "compute dtype is the op's workspace; larger chunks mean fewer, larger "
-                    "GEMMs)")
+                    "fused_output_loss: rows per chunk (a [chunk, vocab] float32 logits block "
+                    "is the op's workspace; larger chunks mean fewer, larger GEMMs)")
                   .at_least(1));
   t.push_back(choice_field(
       "model", "attention_backend", &J::model, &ModelSection::attention_backend,

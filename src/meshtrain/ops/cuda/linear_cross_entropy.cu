@@ -1,10 +1,9 @@
 // CUDA linear_cross_entropy and scale_by / scale_by_accumulate. Per chunk of rows: a cuBLASLt GEMM
-// writes the logits h_c wᵀ into a workspace block in the operands' dtype (bf16 logits for bf16, as
-// the unfused linear writes them; fp32 accumulation inside the GEMM); one block per row takes its
-// (max, Σexp) in float (cross_entropy_rows.cuh), writes its loss (float64) and overwrites the row
-// in place with (softmax - onehot) / count; then cuBLASLt dh_c = g w and dw (+)= gᵀ h_c (dw fp32
-// for bf16). The loss is the deterministic two-pass reduction of the row losses. Fixed algorithms,
-// no atomics: bitwise repeatable.
+// writes the logits h_c wᵀ into a float32 workspace block (float64 for float64); one block per row
+// takes its (max, Σexp) (cross_entropy_rows.cuh), writes its loss (float64) and overwrites the row
+// in place with (softmax - onehot) / count in the operands' dtype (bf16 over the front of the row's
+// float32 bytes); then cuBLASLt dh_c = g w and dw (+)= gᵀ h_c. The loss is the deterministic
+// two-pass reduction of the row losses. Fixed algorithms, no atomics: bitwise repeatable.
 #include <cuda_runtime_api.h>
 
 #include "meshtrain/ops/cuda/cross_entropy_rows.cuh"
@@ -17,22 +16,25 @@
 namespace meshtrain::cuda {
 namespace {
 
-// X: the logits' type, which is also the gradient's (the operands' dtype); the row math runs in
-// A = acc_t<X> (float for bf16). Row r's gradient overwrites its logits in place.
-template <typename X>
+constexpr int kTile = 4;  // elements per thread in each tile of a row's gradient pass
+
+// X: the logits' type (float, or double for float64 operands); G: the operands' type, which the
+// gradient GEMMs read. Row r's gradient is written as G over the first bytes of its X row, so its
+// row stride in G elements is v · sizeof(X) / sizeof(G).
+template <typename X, typename G>
 __global__ void __launch_bounds__(kRowThreads)
     lce_rows_kernel(X* __restrict__ logits, const int32_t* __restrict__ labels,
                     const int64_t* __restrict__ count, double* __restrict__ row_loss, int64_t v,
                     int64_t ignore, bool grads) {
-  using A = acc_t<X>;
   constexpr int V = 16 / int(sizeof(X));
   const int64_t r = blockIdx.x;
   X* xr = logits + r * v;
+  G* gr = reinterpret_cast<G*>(xr);
   const int32_t label = labels[r];
   if (label == ignore) {  // uniform over the block: no barrier is skipped by part of it
     if (threadIdx.x == 0) row_loss[r] = 0.0;
     if (grads)
-      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) xr[j] = from_acc<X>(A(0));
+      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) gr[j] = from_acc<G>(X(0));
     return;
   }
   MT_DEVICE_CHECK(label >= 0 && label < v,
@@ -40,17 +42,28 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t n = count[0];
   MT_DEVICE_CHECK(n > 0, "linear_cross_entropy: token_count must be positive");
   // The workspace is 256-byte aligned, so rows of a multiple of V elements are 16-byte aligned.
-  const MaxSum<A> st = v % V == 0 ? row_max_sum<V>(xr, v) : row_max_sum<1>(xr, v);
-  if (threadIdx.x == 0)
-    row_loss[r] = double(st.m) + log(double(st.s)) - double(A(to_acc(xr[label])));
+  const MaxSum<X> st = v % V == 0 ? row_max_sum<V>(xr, v) : row_max_sum<1>(xr, v);
+  if (threadIdx.x == 0) row_loss[r] = double(st.m) + log(double(st.s)) - double(xr[label]);
   if (!grads) return;
   __syncthreads();  // the label's logit is read before the writes below may land on it
-  const A f = A(1.0 / double(n));  // the gradient for dloss = 1
-  const A scale = f / st.s;        // softmax = exp(x - max) / Σ
-  // Each thread overwrites exactly the elements it read, so no barrier is needed between.
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-    const A x = A(to_acc(xr[j]));
-    xr[j] = from_acc<X>(exp(x - st.m) * scale - (j == label ? f : A(0)));
+  const X f = X(1.0 / double(n));  // the gradient for dloss = 1
+  const X scale = f / st.s;        // softmax = exp(x - max) / Σ
+  const int64_t step = int64_t(blockDim.x) * kTile;
+  for (int64_t base = 0; base < v; base += step) {
+    X d[kTile];
+#pragma unroll
+    for (int k = 0; k < kTile; ++k) {
+      const int64_t j = base + int64_t(k) * blockDim.x + threadIdx.x;
+      d[k] = j < v ? exp(xr[j] - st.m) * scale - (j == label ? f : X(0)) : X(0);
+    }
+    // This tile's G writes land on X elements below base + step: all read by now, once the
+    // whole block has read this tile (earlier tiles were read before earlier barriers).
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kTile; ++k) {
+      const int64_t j = base + int64_t(k) * blockDim.x + threadIdx.x;
+      if (j < v) gr[j] = from_acc<G>(d[k]);
+    }
   }
 }
 
@@ -93,8 +106,8 @@ void launch_scale(const Tensor& x, const Tensor& s, void* out, DType out_dtype, 
 
 struct LceShape {
   int64_t n, d, v, chunk;
-  DType dt;    // h and w, the logits and their gradient
-  DType wide;  // loss and dw: float32 for bf16, else dt
+  DType dt;    // h and w
+  DType wide;  // logits, loss and dw: float32 for bf16, else dt
 };
 
 LceShape lce_shape(const TensorMeta& h, const TensorMeta& w, int64_t chunk_rows) {
@@ -104,10 +117,10 @@ LceShape lce_shape(const TensorMeta& h, const TensorMeta& w, int64_t chunk_rows)
           h.dtype,    h.dtype == DType::kBF16 ? DType::kF32 : h.dtype};
 }
 
-// Workspace: the GEMMs' scratch, the logits block [chunk, v] (the operands' dtype), the row
-// losses and the reduction's partials.
+// Workspace: the GEMMs' scratch, the logits block [chunk, v] (wide), the row losses and the
+// reduction's partials.
 size_t logits_bytes(const LceShape& s) {
-  return align_ws(size_t(s.chunk * s.v) * dtype_size(s.dt));
+  return align_ws(size_t(s.chunk * s.v) * dtype_size(s.wide));
 }
 size_t lce_workspace_bytes(const LceShape& s) {
   return kGemmWorkspaceBytes + logits_bytes(s) + cross_entropy_workspace_bytes(s.n);
@@ -121,9 +134,11 @@ struct ChunkPlans {
 ChunkPlans chunk_plans(int device, const LceShape& s, int64_t rows, bool grads) {
   ChunkPlans p;
   GemmProblem lg = gemm_problem(s.dt, false, true, rows, s.v, s.d);
+  lg.out = s.wide;
   p.logits = gemm_plan(device, lg, kGemmWorkspaceBytes);
   if (!grads) return p;
-  const int64_t ldg = s.v;  // the gradient overwrites the logits in place
+  // The gradient's row stride: G elements over rows of v wide elements.
+  const int64_t ldg = s.v * int64_t(dtype_size(s.wide) / dtype_size(s.dt));
   GemmProblem dh{.dtype = s.dt,
                  .m = rows,
                  .n = s.d,
@@ -148,11 +163,11 @@ ChunkPlans chunk_plans(int device, const LceShape& s, int64_t rows, bool grads) 
   return p;
 }
 
-template <typename X>
+template <typename X, typename G>
 void launch_rows(void* logits, const int32_t* labels, const int64_t* count, double* row_loss,
                  int64_t rows, int64_t v, int64_t ignore, bool grads, cudaStream_t s) {
-  lce_rows_kernel<X><<<unsigned(rows), kRowThreads, 0, s>>>(static_cast<X*>(logits), labels, count,
-                                                            row_loss, v, ignore, grads);
+  lce_rows_kernel<X, G><<<unsigned(rows), kRowThreads, 0, s>>>(static_cast<X*>(logits), labels,
+                                                               count, row_loss, v, ignore, grads);
   CUDA_CHECK_LAUNCH("linear_cross_entropy_rows");
 }
 
@@ -169,9 +184,9 @@ KernelFn make_lce_kernel(const Node& node, const Graph& graph) {
   const ChunkPlans full = chunk_plans(device, s, s.chunk, grads);
   const int64_t tail_rows = s.n % s.chunk;
   const ChunkPlans tail = tail_rows > 0 ? chunk_plans(device, s, tail_rows, grads) : full;
-  auto rows_fn = s.dt == DType::kBF16  ? launch_rows<bf16>
-                 : s.dt == DType::kF32 ? launch_rows<float>
-                                       : launch_rows<double>;
+  auto rows_fn = s.dt == DType::kBF16  ? launch_rows<float, bf16>
+                 : s.dt == DType::kF32 ? launch_rows<float, float>
+                                       : launch_rows<double, double>;
   return [=](KernelContext& c) {
     const cudaStream_t st = stream_of(c);
     char* ws = static_cast<char*>(c.workspace.raw());
