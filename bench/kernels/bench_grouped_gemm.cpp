@@ -1,7 +1,7 @@
 // bench_grouped_gemm: the grouped GEMMs of the routed experts on DeepSeek 16B's expert shapes (64
 // experts, 2048 -> 1408, bf16), with the groups made by moe_dispatch_plan as in the model, three
 // ways in one run: the ops' cuBLASLt path (per-expert cuBLASLt over four streams, `kernel` =
-// cublas, the host reading the plan's published groups), the ops' default on Hopper (`auto`:
+// cublas, the host reading the plan's published groups), `kernel` = meshtrain (
 // meshtrain's grouped GEMM, moe/cuda/grouped_gemm_sm90.h, plus the op's zeroing of the rows
 // outside the groups) and every tile variant of that kernel called directly. FLOP = Σ_e
 // 2·rows_e·k·n. Time = median of --iters launches after --warmup, CUDA events. Each output is
@@ -104,9 +104,9 @@ struct GroupedGraph {
   ValueId ids, row_map, groups, x, w, dy;
   ValueId y[2], dx[2], dw[2];
   NodeId plan;
-  NodeId fwd[2], dgrad[2], wgrad[2];  // [0]: kernel cublas, [1]: kernel auto (the ops' default)
+  NodeId fwd[2], dgrad[2], wgrad[2];  // [0]: kernel cublas, [1]: kernel meshtrain
 };
-constexpr const char* kOpPaths[2] = {"op, cuBLASLt per expert", "op, auto (sm90 on Hopper)"};
+constexpr const char* kOpPaths[2] = {"op, cuBLASLt per expert", "op, meshtrain (sm90)"};
 
 void build(GroupedGraph& gg, int64_t choices) {
   Builder b(gg.g);
@@ -124,7 +124,7 @@ void build(GroupedGraph& gg, int64_t choices) {
   // One set of nodes per path, each with its own outputs.
   for (int path = 0; path < 2; ++path) {
     const int64_t kernel =
-        int64_t(path == 0 ? ops::ExpertGemmKernel::kCublas : ops::ExpertGemmKernel::kAuto);
+        int64_t(path == 0 ? ops::ExpertGemmKernel::kCublas : ops::ExpertGemmKernel::kMeshtrain);
     gg.y[path] = b.op1("grouped_matmul", {gg.x, gg.w, gg.groups},
                        {{"transpose_w", int64_t(1)}, {"kernel", kernel}});
     gg.fwd[path] = b.last_node();
@@ -217,7 +217,7 @@ struct Row {
   double flop, queued_ms, waited_ms, host_ms, rel_err;  // waited/host: < 0 where not measured
 };
 
-// The kernel of grouped_gemm_sm90.h called directly for product `pr` (its output: the auto
+// The kernel of grouped_gemm_sm90.h called directly for product `pr` (its output: the meshtrain
 // path's value).
 bool direct_sm90(const Product& pr, const GroupedGraph& gg, GraphKernels& k, int variant,
                  cudaStream_t s) {
@@ -364,7 +364,7 @@ int main(int argc, char** argv) try {
   std::printf(
       "queued: launches back to back (host ahead of the GPU); waited: the stream drained before "
       "each launch (the forward's wait for its dispatch plan); host ms: the launch's host time "
-      "(cuBLASLt: 64 calls over 4 streams; auto on Hopper: one zeroing kernel and one grouped "
+      "(cuBLASLt: 64 calls over 4 streams; meshtrain: one zeroing kernel and one grouped "
       "GEMM); sm90 rows: the kernel alone, launches back to back\n");
   if (!o.tsv.empty()) {
     std::ofstream f(o.tsv);
