@@ -183,9 +183,11 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 #define MT_WGMMA_ACC8(d, i)                                                                   \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
-#define MT_WGMMA_ACC64(d)                                                               \
-  MT_WGMMA_ACC8(d, 0), MT_WGMMA_ACC8(d, 8), MT_WGMMA_ACC8(d, 16), MT_WGMMA_ACC8(d, 24), \
-      MT_WGMMA_ACC8(d, 32), MT_WGMMA_ACC8(d, 40), MT_WGMMA_ACC8(d, 48), MT_WGMMA_ACC8(d, 56)
+#define MT_WGMMA_ACC64_AT(d, i)                                                     \
+  MT_WGMMA_ACC8(d, i), MT_WGMMA_ACC8(d, i + 8), MT_WGMMA_ACC8(d, i + 16),           \
+      MT_WGMMA_ACC8(d, i + 24), MT_WGMMA_ACC8(d, i + 32), MT_WGMMA_ACC8(d, i + 40), \
+      MT_WGMMA_ACC8(d, i + 48), MT_WGMMA_ACC8(d, i + 56)
+#define MT_WGMMA_ACC64(d) MT_WGMMA_ACC64_AT(d, 0)
 
 // d[64 x 128] (+)= A[64 x 16] * B[16 x 128], bf16 in, fp32 accumulate, both operands K-major in
 // shared memory. `accumulate` 0 overwrites d. Accumulator layout (per warpgroup thread t, warp
@@ -293,10 +295,6 @@ __device__ __forceinline__ void wgmma_m64n192k16_rs_bt(float (&d)[96], const uin
         "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
-#undef MT_WGMMA_D128
-#undef MT_WGMMA_ACC8
-#undef MT_WGMMA_ACC64
-
 // d[64 x N] += A[64 x 16] * B[16 x N] from shared-memory descriptors (the grouped GEMM's mainloop),
 // N = 128 or 256; kTransA / kTransB as wgmma_m64n64k16_ss (0: K-major, 1: MN-major). Always
 // accumulates: the caller zeroes d.
@@ -305,22 +303,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss_acc(float (&d)[64], uint64_t
                                                         uint64_t desc_b) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %68, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MT_WGMMA_D128
       ", %64, %65, p, 1, 1, %66, %67;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
+      : MT_WGMMA_ACC64(d)
       : "l"(desc_a), "l"(desc_b), "n"(kTransA), "n"(kTransB), "r"(1));
 }
 template <int kTransA, int kTransB>
@@ -338,27 +323,14 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_acc(float (&d)[128], uint64_
       "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
       "%123, %124, %125, %126, %127}"
       ", %128, %129, p, 1, 1, %130, %131;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : MT_WGMMA_ACC64_AT(d, 0), MT_WGMMA_ACC64_AT(d, 64)
       : "l"(desc_a), "l"(desc_b), "n"(kTransA), "n"(kTransB), "r"(1));
 }
+
+#undef MT_WGMMA_D128
+#undef MT_WGMMA_ACC8
+#undef MT_WGMMA_ACC64
+#undef MT_WGMMA_ACC64_AT
 
 // Two fp32 values -> bf16x2, `lo` in the low half (the lower column).
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
