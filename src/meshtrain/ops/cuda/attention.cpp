@@ -192,10 +192,8 @@ KernelFn make_attention_backward(const Node& n, const Graph& g) {
   const size_t delta_bytes =
       size_t(s.batch * s.heads_q * s.seq) * (dtype == DType::kF64 ? sizeof(double) : sizeof(float));
   // On Hopper the TMA/wgmma backward (its deterministic default, which needs only the same delta
-  // workspace) takes the head dims it has; the mma.sync kernels run everything else. Not yet at
-  // 192/128: there it repeated bitwise on the test shapes but not at B 4, S 4096, H 16
-  // (bench/kernels/NOTES.md, 2026-12-07), and the repeatable-run guarantee comes first.
-  const bool sm90 = dtype == DType::kBF16 && attention_bwd_bf16_sm90_supports(s) && s.dim_qk != 192;
+  // workspace) takes the head dims it has; the mma.sync kernels run everything else.
+  const bool sm90 = dtype == DType::kBF16 && attention_bwd_bf16_sm90_supports(s);
   return [s, dtype, delta_bytes, sm90](KernelContext& c) {
     if (s.batch * s.seq == 0) return;  // every output is empty
     if (s.heads_q == 0) {              // no query heads: dk and dv are zero (and dq is empty)
