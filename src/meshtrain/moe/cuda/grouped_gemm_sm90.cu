@@ -6,7 +6,9 @@
 // working at one time share an expert's weight and rows in L2). Warp 0 of warpgroup 0 issues the
 // TMA loads of every k-block of its tiles into a ring of stages (full/empty mbarriers, the ring
 // running on across tiles); warpgroups 1 and 2 take rows 0..63 and 64..127 of the tile, issue
-// wgmma from shared memory (one group kept in flight) and store their accumulators.
+// wgmma from shared memory (one group kept in flight) and store their accumulators. The pingpong
+// variant gives each consumer warpgroup every other tile whole instead, their main loops taking
+// turns, so that one's epilogue runs under the other's MMAs.
 //
 // Three operand forms (the row-major names of the ops):
 //   forward  y = x · w_eᵀ : A = x rows, K-major; B = w_e [n, k], K-major.
@@ -64,7 +66,11 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
 }
 
-template <Form F, int BN, int STAGES>
+// PING false (cooperative): both consumer warpgroups share every tile, 64 rows each. PING true
+// (pingpong): each warpgroup takes every other tile of its CTA whole (two m64 halves), and the two
+// run their main loops in turn (named barriers 2 and 3 hand over the ring), so one warpgroup's
+// epilogue runs under the other's MMAs.
+template <Form F, int BN, int STAGES, bool PING>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ Params p) {
   using C = Cfg<BN, STAGES>;
@@ -90,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), kConsumerWarps);
+      mbar_init(empty(s), PING ? kConsumerWarps / 2 : kConsumerWarps);
     }
     mbar_fence_init();
   }
@@ -178,15 +184,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row_in_wg = 16 * (t_in >> 5) + (lane >> 2);  // upper accumulator row; +8 the lower
   constexpr int kTransA = F == Form::kWgrad ? 1 : 0;
   constexpr int kTransB = F == Form::kForward ? 0 : 1;
-  float acc[BN / 2];
+  constexpr int kHalves = PING ? 2 : 1;  // 64-row halves of the tile this warpgroup computes
+  float acc[kHalves][BN / 2];
   int it = 0;
-  for (int t = int(blockIdx.x); t < total; t += int(gridDim.x)) {
+  // The CTA's tiles in order (j); under PING warpgroup w owns the tiles with j % 2 == w and skips
+  // the others' k-blocks in the ring count. Its first full-barrier wait on a tile comes after the
+  // other warpgroup's last on the previous tile (barrier 2 + w), so the ring's phases are met in
+  // order: no wait can see a stage's previous phase as this one.
+  int j = 0;
+  const int my_tiles = (total - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  for (int t = int(blockIdx.x); t < total; t += int(gridDim.x), ++j) {
     int e, mt, nt;
     decode(t, e, mt, nt);
     const int count = g_count[e];
     const int nk = k_blocks(e);
+    if (PING && (j & 1) != w) {
+      it += nk;
+      continue;
+    }
+    if (PING && j > 0) named_bar_sync(2 + w, 256);  // the previous tile's main loop is done
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[h][i] = 0.f;
     int prev = -1;
     for (int kb = 0; kb < nk; ++kb, ++it) {
       const int s = it % STAGES;
@@ -199,61 +219,76 @@ __global__ void __launch_bounds__(kThreads, 1)
           // every block of both tiles (a K row is one whole 128-byte row of a block), make the
           // stores visible to wgmma, and wait for the other warpgroup's half.
           constexpr int kBlocks = 2 + BN / 64;
+          constexpr int kZeroThreads = PING ? 128 : 256;  // the threads reading this stage
           const int chunks = kBlocks * (kBK - valid) * 8;
-          for (int i = t_in + 128 * w; i < chunks; i += 256) {
+          for (int i = t_in + (PING ? 0 : 128 * w); i < chunks; i += kZeroThreads) {
             const int blk = i / ((kBK - valid) * 8), rem = i - blk * (kBK - valid) * 8;
             const int r = valid + rem / 8, ch = rem % 8;
             const uint32_t tile = blk < 2 ? sa + blk * kBlockBytes : sb + (blk - 2) * kBlockBytes;
             st_shared_zero16(tile + r * 128 + ch * 16);
           }
           fence_proxy_async_smem();
-          named_bar_sync(1, 256);
+          named_bar_sync(PING ? 4 + w : 1, kZeroThreads);
         }
       }
-      // This warpgroup's A: rows 64w.. of a K-major tile, or M block w of an MN-major one.
-      const uint32_t a_rows = sa + w * kBlockBytes;
-      const uint64_t da = kTransA ? wgmma_desc_sw128(a_rows, kBlockBytes, kSw128Sbo)
-                                  : wgmma_desc_sw128(a_rows, kKMajorLbo, kSw128Sbo);
+      // A half h: rows 64h.. of a K-major tile, or M block h of an MN-major one (h = w when the
+      // two warpgroups share the tile).
+      uint64_t da[kHalves];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        const uint32_t a_rows = sa + (PING ? h : w) * kBlockBytes;
+        da[h] = kTransA ? wgmma_desc_sw128(a_rows, kBlockBytes, kSw128Sbo)
+                        : wgmma_desc_sw128(a_rows, kKMajorLbo, kSw128Sbo);
+      }
       const uint64_t db = kTransB ? wgmma_desc_sw128(sb, kBlockBytes, kSw128Sbo)
                                   : wgmma_desc_sw128(sb, kKMajorLbo, kSw128Sbo);
-      fence_regs(acc);
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) fence_regs(acc[h]);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) {
         // k16 step: 32 bytes along a K-major row, 16 rows (2048 bytes) down an MN-major block.
         const uint32_t ao = kTransA ? ks * 2048 : ks * 32, bo = kTransB ? ks * 2048 : ks * 32;
-        if constexpr (BN == 128)
-          wgmma_m64n128k16_ss_acc<kTransA, kTransB>(acc, da + (ao >> 4), db + (bo >> 4));
-        else
-          wgmma_m64n256k16_ss_acc<kTransA, kTransB>(acc, da + (ao >> 4), db + (bo >> 4));
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          if constexpr (BN == 128)
+            wgmma_m64n128k16_ss_acc<kTransA, kTransB>(acc[h], da[h] + (ao >> 4), db + (bo >> 4));
+          else
+            wgmma_m64n256k16_ss_acc<kTransA, kTransB>(acc[h], da[h] + (ao >> 4), db + (bo >> 4));
+        }
       }
       wgmma_commit();
       wgmma_wait<1>();  // the previous k-block's group is done: its stage goes back
-      fence_regs(acc);
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) fence_regs(acc[h]);
       if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
       prev = s;
     }
+    // Every full-barrier wait of this tile is behind us: the other warpgroup may start its tile.
+    if (PING && j + 1 < my_tiles) named_bar_arrive(2 + (1 - w), 256);
     wgmma_wait<0>();
-    fence_regs(acc);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) fence_regs(acc[h]);
     if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
 
-    // ---- epilogue: accumulator (row 16·warp + lane/4 + 8r, column 8j + 2·(lane%4)) -> global
+    // ---- epilogue: accumulator (row 16·warp + lane/4 + 8r, column 8c + 2·(lane%4)) -> global
     const int col0 = nt * BN + 2 * (lane & 3);
     if constexpr (F == Form::kWgrad) {
       if (count == 0 && p.accumulate) continue;  // nothing to add: leave the gradient
       const int64_t q = p.n_ext;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int m = mt * kBM + 64 * w + row_in_wg + 8 * r;
+      for (int hr = 0; hr < 2 * kHalves; ++hr) {
+        const int h = hr >> 1, r = hr & 1;
+        const int m = mt * kBM + 64 * (PING ? h : w) + row_in_wg + 8 * r;
         if (m >= p.m_ext) continue;
         const int64_t row_at = (int64_t(e) * p.m_ext + m) * q;
         if (p.out_f32) {
           float* dst = static_cast<float*>(p.out) + row_at;
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const int col = col0 + 8 * j;
+          for (int c = 0; c < BN / 8; ++c) {
+            const int col = col0 + 8 * c;
             if (col >= q) continue;
-            float2 v = make_float2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+            float2 v = make_float2(acc[h][4 * c + 2 * r], acc[h][4 * c + 2 * r + 1]);
             if (p.accumulate) {
               const float2 old = *reinterpret_cast<const float2*>(dst + col);
               v.x += old.x;
@@ -264,27 +299,28 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           attn::bf16* dst = static_cast<attn::bf16*>(p.out) + row_at;
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const int col = col0 + 8 * j;
+          for (int c = 0; c < BN / 8; ++c) {
+            const int col = col0 + 8 * c;
             if (col < q)
               *reinterpret_cast<uint32_t*>(dst + col) =
-                  pack_bf16x2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+                  pack_bf16x2(acc[h][4 * c + 2 * r], acc[h][4 * c + 2 * r + 1]);
           }
         }
       }
     } else {
       const int64_t n = p.n_ext;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int m = mt * kBM + 64 * w + row_in_wg + 8 * r;
+      for (int hr = 0; hr < 2 * kHalves; ++hr) {
+        const int h = hr >> 1, r = hr & 1;
+        const int m = mt * kBM + 64 * (PING ? h : w) + row_in_wg + 8 * r;
         if (m >= count) continue;
         attn::bf16* dst = static_cast<attn::bf16*>(p.out) + (int64_t(g_start[e]) + m) * n;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = col0 + 8 * j;
+        for (int c = 0; c < BN / 8; ++c) {
+          const int col = col0 + 8 * c;
           if (col < n)
             *reinterpret_cast<uint32_t*>(dst + col) =
-                pack_bf16x2(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+                pack_bf16x2(acc[h][4 * c + 2 * r], acc[h][4 * c + 2 * r + 1]);
         }
       }
     }
@@ -327,10 +363,10 @@ void encode(CUtensorMap* map, const void* ptr, int64_t cols, int64_t rows, int64
            int(rc), what, batch, rows, cols, ptr, box_rows);
 }
 
-template <Form F, int BN, int STAGES>
+template <Form F, int BN, int STAGES, bool PING = false>
 void launch(const Params& p, int64_t max_tiles, int sms, cudaStream_t stream) {
   using Cf = Cfg<BN, STAGES>;
-  constexpr auto kernel = grouped_gemm_kernel<F, BN, STAGES>;
+  constexpr auto kernel = grouped_gemm_kernel<F, BN, STAGES, PING>;
   attn::set_smem_limit_once<kernel>(Cf::kSmem);
   const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, max_tiles)));
   kernel<<<grid, kThreads, Cf::kSmem, stream>>>(p);
@@ -349,6 +385,8 @@ constexpr Variant kVariants[] = {
      &launch<Form::kWgrad, 128, 6>},
     {"128x256 tiles, 4 stages", 256, &launch<Form::kForward, 256, 4>, &launch<Form::kDgrad, 256, 4>,
      &launch<Form::kWgrad, 256, 4>},
+    {"128x128 tiles, 6 stages, pingpong", 128, &launch<Form::kForward, 128, 6, true>,
+     &launch<Form::kDgrad, 128, 6, true>, &launch<Form::kWgrad, 128, 6, true>},
 };
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
 
