@@ -52,7 +52,9 @@ struct Distribution {
 // e2e batch, 4 × 4096 tokens × top-6) with weights exp(-e/20), rounded to multiples of 16, the
 // remainder on expert 0: max/mean ≈ 3.3, min ≈ 0.14 × mean.
 std::vector<Distribution> distributions() {
+  // 768: where expert_gemm_backend "auto" switches from the Hopper kernel to cuBLASLt.
   std::vector<Distribution> d{{"uniform 384", std::vector<int64_t>(kExperts, 384)},
+                              {"uniform 768", std::vector<int64_t>(kExperts, 768)},
                               {"uniform 1536", std::vector<int64_t>(kExperts, 1536)}};
   const int64_t total = 1536 * kExperts;
   double wsum = 0;

@@ -3,7 +3,7 @@
 
 grouped_mm_torch.py [--iters 50] [--warmup 5]
     times torch._grouped_mm (bf16, sm_90) on DeepSeek 16B's expert shapes: 64 experts, d_model
-    2048, expert hidden 1408; 384 and 1536 rows per expert and the skewed distribution
+    2048, expert hidden 1408; 384, 768 and 1536 rows per expert and the skewed distribution
     bench_grouped_gemm uses (same formula); forward x·W1ᵀ, data gradient dy·W1 and weight gradient
     dyᵀ·x with the operand layouts PyTorch's own backward of _grouped_mm uses (offsets: cumulative
     int32 row ends). FLOP = Σ_e 2·rows_e·k·n; median of --iters after --warmup, CUDA events; each
@@ -27,7 +27,8 @@ def distributions():
     skew = [16 * int(math.floor((total // 16) * math.exp(-e / 20.0) / wsum + 0.5))
             for e in range(EXPERTS)]
     skew[0] = total - sum(skew[1:])
-    return [("uniform 384", [384] * EXPERTS), ("uniform 1536", [1536] * EXPERTS),
+    return [("uniform 384", [384] * EXPERTS), ("uniform 768", [768] * EXPERTS),
+            ("uniform 1536", [1536] * EXPERTS),
             ("skewed exp(-e/20)", skew)]
 
 
@@ -116,8 +117,8 @@ def table(mt_path, torch_path):
           "TFLOP/s with FLOP = sum over experts of 2*rows*k*n; median after warm-up, CUDA events")
     print("targets (issue 26): >= 520 TFLOP/s at 384 rows per expert, >= 620 at 1536 "
           "(device-offset grouped GEMMs, each product)")
-    print("meshtrain paths: the op on cuBLASLt (per expert over 4 streams), the op on auto (the "
-          "Hopper grouped GEMM), each sm90 tile variant alone; queued = launches back to back, "
+    print("meshtrain paths: the op on cuBLASLt (per expert over 4 streams), the op on meshtrain "
+          "(the Hopper grouped GEMM), each sm90 tile variant alone; queued = launches back to back, "
           "waited = after a host wait (the forward's); rel err vs cuBLAS per expert (worst)")
     hdr = (f"{'rows per expert':<18} {'product':<26} {'meshtrain path':<30} {'target':>6} | {'mt queued':>9} "
            f"{'mt waited':>9} {'mt err':>8} | {'torch':>8} {'torch err':>9} | {'mt/torch':>8}")

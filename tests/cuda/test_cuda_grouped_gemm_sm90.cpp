@@ -203,6 +203,7 @@ TEST(CudaGroupedGemmSm90, EveryVariantMatchesFloat64Reference) {
   }
 }
 
+// The variants the ops take (the default, and pingpong for the short-K weight gradient) repeat.
 TEST(CudaGroupedGemmSm90, DefaultRepeatsBitwiseAndRefusesWhatItCannotRun) {
   cudatest::cuda_backend();
   std::mt19937_64 rng(cudatest::fresh_seed());
@@ -214,24 +215,27 @@ TEST(CudaGroupedGemmSm90, DefaultRepeatsBitwiseAndRefusesWhatItCannotRun) {
   dg.upload(pr.groups);
   const auto* groups = static_cast<const int32_t*>(dg.p);
   std::vector<uint16_t> y0;
-  std::vector<float> w0;
+  std::vector<float> w0[2];
+  const int wgrad_variants[2] = {cuda::kGroupedSm90Wide, cuda::kGroupedSm90Pingpong};
   for (int run = 0; run < 3; ++run) {
     CUDA_CHECK(cudaMemset(dy.p, 0xFF, size_t(pr.rows * kQ) * 2));
-    CUDA_CHECK(cudaMemset(dout.p, 0xFF, size_t(pr.experts * kP * kQ) * 4));
     ASSERT_TRUE(cuda::grouped_gemm_sm90(
         {dx.p, dw.p, dy.p, groups, pr.experts, pr.rows, kQ, kP, true}, nullptr));
-    ASSERT_TRUE(cuda::grouped_wgrad_sm90(
-        {dx.p, dy.p, dout.p, groups, pr.experts, pr.rows, kP, kQ, true, false}, nullptr));
     CUDA_CHECK(cudaDeviceSynchronize());
     const auto y = dy.download<uint16_t>(size_t(pr.rows * kQ));
-    const auto w = dout.download<float>(size_t(pr.experts * kP * kQ));
-    if (run == 0) {
-      y0 = y;
-      w0 = w;
-      continue;
-    }
+    if (run == 0) y0 = y;
     EXPECT_EQ(std::memcmp(y.data(), y0.data(), y.size() * 2), 0) << "forward not repeatable";
-    EXPECT_EQ(std::memcmp(w.data(), w0.data(), w.size() * 4), 0) << "wgrad not repeatable";
+    for (int i = 0; i < 2; ++i) {
+      CUDA_CHECK(cudaMemset(dout.p, 0xFF, size_t(pr.experts * kP * kQ) * 4));
+      ASSERT_TRUE(cuda::grouped_wgrad_sm90(
+          {dx.p, dy.p, dout.p, groups, pr.experts, pr.rows, kP, kQ, true, false}, nullptr,
+          wgrad_variants[i]));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const auto w = dout.download<float>(size_t(pr.experts * kP * kQ));
+      if (run == 0) w0[i] = w;
+      EXPECT_EQ(std::memcmp(w.data(), w0[i].data(), w.size() * 4), 0)
+          << "wgrad not repeatable: " << cuda::grouped_gemm_sm90_variant_name(wgrad_variants[i]);
+    }
   }
   // Extents whose rows are not 16-byte multiples, too many experts, a bf16 +=, bad variants.
   EXPECT_FALSE(cuda::grouped_gemm_sm90_supports(pr.experts, kQ + 4, kP));

@@ -9,11 +9,11 @@
 
 namespace meshtrain::ops {
 
-// Which kernels run the grouped GEMMs on CUDA ([model] expert_gemm_backend): kAuto and kCublas run
-// per-expert cuBLASLt (auto moves to meshtrain's Hopper grouped GEMM once that kernel has passed
-// its GPU tests); kMeshtrain takes the Hopper grouped GEMM (it reads the group offsets on the
-// device, so the host waits for no plan; a node it cannot run is an error naming it). The CPU
-// kernels ignore it: every choice computes the same function.
+// Which kernels run the grouped GEMMs on CUDA ([model] expert_gemm_backend): kAuto takes
+// meshtrain's Hopper grouped GEMM up to a mean of 768 rows per expert and per-expert cuBLASLt above
+// (moe/cuda/grouped_matmul.cu says why); kCublas always the latter; kMeshtrain always the former
+// (it reads the group offsets on the device, so the host waits for no plan; a node it cannot run
+// is an error naming it). The CPU kernels ignore it: every choice computes the same function.
 enum class ExpertGemmKernel : int64_t { kAuto = 0, kCublas = 1, kMeshtrain = 2 };
 const char* expert_gemm_kernel_name(ExpertGemmKernel k);  // "auto" | "cublas" | "meshtrain"
 ExpertGemmKernel expert_gemm_kernel_of(const Attrs& attrs);

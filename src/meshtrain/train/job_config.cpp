@@ -130,11 +130,12 @@ std::vector<Binding> make_bindings() {
       ops::attention_kernel_name));
   t.push_back(choice_field(
       "model", "expert_gemm_backend", &J::model, &ModelSection::expert_gemm_backend,
-      "MoE models: which kernels run the routed experts' grouped GEMMs on CUDA: \"auto\" and "
-      "\"cublas\" = cuBLASLt per expert (auto moves to the Hopper kernel once its GPU tests "
-      "have run); \"meshtrain\" = meshtrain's Hopper grouped GEMM (group offsets read on the "
-      "device, no host wait; bf16, extents multiples of 8) or an error naming the node. Same "
-      "arithmetic up to rounding",
+      "MoE models: which kernels run the routed experts' grouped GEMMs on CUDA: \"auto\" = "
+      "meshtrain's Hopper grouped GEMM up to a mean of 768 rows per expert, cuBLASLt per "
+      "expert above (the faster of the two on either side); \"cublas\" = cuBLASLt per expert; "
+      "\"meshtrain\" = the Hopper grouped GEMM (group offsets read on the device, no host "
+      "wait; bf16, extents multiples of 8) or an error naming the node. Same arithmetic up to "
+      "rounding",
       {ops::ExpertGemmKernel::kAuto, ops::ExpertGemmKernel::kCublas,
        ops::ExpertGemmKernel::kMeshtrain},
       ops::expert_gemm_kernel_name));

@@ -380,15 +380,17 @@ struct Variant {
   void (*dgrad)(const Params&, int64_t, int, cudaStream_t);
   void (*wgrad)(const Params&, int64_t, int, cudaStream_t);
 };
+// In the order of GroupedSm90Variant (grouped_gemm_sm90.h), which says what each is chosen for.
 constexpr Variant kVariants[] = {
-    {"128x128 tiles, 6 stages", 128, &launch<Form::kForward, 128, 6>, &launch<Form::kDgrad, 128, 6>,
-     &launch<Form::kWgrad, 128, 6>},
     {"128x256 tiles, 4 stages", 256, &launch<Form::kForward, 256, 4>, &launch<Form::kDgrad, 256, 4>,
      &launch<Form::kWgrad, 256, 4>},
+    {"128x128 tiles, 6 stages", 128, &launch<Form::kForward, 128, 6>, &launch<Form::kDgrad, 128, 6>,
+     &launch<Form::kWgrad, 128, 6>},
     {"128x128 tiles, 6 stages, pingpong", 128, &launch<Form::kForward, 128, 6, true>,
      &launch<Form::kDgrad, 128, 6, true>, &launch<Form::kWgrad, 128, 6, true>},
 };
-constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
+static_assert(sizeof(kVariants) / sizeof(kVariants[0]) == kGroupedSm90NumVariants);
+constexpr int kNumVariants = kGroupedSm90NumVariants;
 
 }  // namespace gg90
 

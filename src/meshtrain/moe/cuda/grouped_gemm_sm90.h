@@ -15,6 +15,22 @@ namespace meshtrain::cuda {
 
 inline constexpr int64_t kGroupedSm90MaxExperts = 1024;
 
+// The tile variants, by the H100 run of bench_grouped_gemm on the DeepSeek 16B experts (bench/
+// kernels/NOTES.md, 2026-12-07): 128x256 is the fastest forward and data gradient at 384 and
+// 1,536 rows per expert and the fastest weight gradient at 1,536; at 384 the weight gradient
+// (K = the expert's rows, short) is bound by its fp32 epilogue, which pingpong hides under the
+// other warpgroup's MMAs (357 against 297 TFLOP/s).
+enum GroupedSm90Variant : int {
+  kGroupedSm90Wide = 0,      // 128x256 tiles, 4 stages, both consumer warpgroups on one tile
+  kGroupedSm90Square = 1,    // 128x128 tiles, 6 stages
+  kGroupedSm90Pingpong = 2,  // 128x128 tiles, 6 stages, each warpgroup on its own tile in turn
+  kGroupedSm90NumVariants = 3,
+};
+// The weight gradient's variant for a mean of `rows_per_expert` rows (K) per expert.
+inline int grouped_wgrad_sm90_variant_for(int64_t rows_per_expert) {
+  return rows_per_expert <= 768 ? kGroupedSm90Pingpong : kGroupedSm90Wide;
+}
+
 // y[rows of e, n] = x[rows of e, k] · op(w_e) for every expert's group, bf16 with fp32
 // accumulation; w [E, n, k] used transposed (transpose_w, the forward) or [E, k, n] (the data
 // gradient). Rows outside every group are left untouched (the caller zeroes them). `rows`: x's and
@@ -27,7 +43,8 @@ struct GroupedGemmSm90 {
   int64_t experts, rows, n, k;
   bool transpose_w;
 };
-bool grouped_gemm_sm90(const GroupedGemmSm90& g, cudaStream_t stream, int variant = 0);
+bool grouped_gemm_sm90(const GroupedGemmSm90& g, cudaStream_t stream,
+                       int variant = kGroupedSm90Wide);
 
 // out[e] [p, q] (=|+=) a[rows of e, p]ᵀ · b[rows of e, q], bf16 operands, fp32 accumulation;
 // out float32 (accumulate: += ; else =) or bfloat16 (= only). Experts with no rows get zeros when
@@ -40,9 +57,10 @@ struct GroupedWgradSm90 {
   int64_t experts, rows, p, q;
   bool out_f32, accumulate;
 };
-bool grouped_wgrad_sm90(const GroupedWgradSm90& g, cudaStream_t stream, int variant = 0);
+bool grouped_wgrad_sm90(const GroupedWgradSm90& g, cudaStream_t stream,
+                        int variant = kGroupedSm90Wide);
 
-// The tile variants (variant 0 is the default, used by the ops; bench_grouped_gemm times them all).
+// The tile variants by number (bench_grouped_gemm times them all; the tests check them all).
 int grouped_gemm_sm90_num_variants();
 const char* grouped_gemm_sm90_variant_name(int variant);
 // Whether this device and these extents can run (the same test the two functions make first).

@@ -230,13 +230,18 @@ void launch_zero_outside(DType dt, const Tensor& groups, int64_t e, int64_t rows
   }
 }
 
+// "auto" takes the Hopper kernel where it measured faster than the per-expert cuBLASLt path: 2.6x
+// at a mean of 384 rows per expert (one launch against 64 small GEMMs), while at 1,536 the
+// per-expert cuBLASLt GEMMs lead by 4-14% (bench/kernels/NOTES.md, 2026-12-07, H100). The switch
+// sits at 768, between the two measured points; "meshtrain" takes the kernel at any size.
+constexpr int64_t kAutoSm90MaxRowsPerExpert = 768;
+
 // Whether a node runs the Hopper grouped GEMM: bf16, the device and extents it takes, and the
-// node's kernel choice (kMeshtrain insists: an error naming the node where it cannot run).
-bool use_sm90(const Node& node, DType dtype, int64_t experts, int64_t n, int64_t k) {
+// node's kernel choice (kMeshtrain insists: an error naming the node where it cannot run). `rows`:
+// the routed rows of the node's buffers, all experts together.
+bool use_sm90(const Node& node, DType dtype, int64_t experts, int64_t n, int64_t k, int64_t rows) {
   const ops::ExpertGemmKernel want = ops::expert_gemm_kernel_of(node.attrs);
-  // Until the Hopper kernel has passed its GPU tests (CudaGroupedGemmSm90.*, not yet run on a
-  // GPU), "auto" stays on cuBLASLt; only "meshtrain" takes it.
-  if (want != ops::ExpertGemmKernel::kMeshtrain) return false;
+  if (want == ops::ExpertGemmKernel::kCublas) return false;
   const bool can = dtype == DType::kBF16 && grouped_gemm_sm90_supports(experts, n, k);
   MT_CHECK(can || want != ops::ExpertGemmKernel::kMeshtrain,
            "{} at '{}': [model] expert_gemm_backend = \"meshtrain\", but its Hopper grouped GEMM "
@@ -244,6 +249,8 @@ bool use_sm90(const Node& node, DType dtype, int64_t experts, int64_t n, int64_t
            "experts and extents that are multiples of 8; found {}, {} experts, extents {} and {}); "
            "use \"auto\" or \"cublas\"",
            node.op, node.scope, kGroupedSm90MaxExperts, dtype_name(dtype), experts, n, k);
+  if (want == ops::ExpertGemmKernel::kAuto)
+    return can && rows <= kAutoSm90MaxRowsPerExpert * experts;
   return can;
 }
 
@@ -284,7 +291,7 @@ KernelFn make_grouped_matmul(const Node& node, const Graph& graph) {
   cuda_type(xm.dtype);
   const bool tw = node.attrs.b("transpose_w");
   const int64_t experts = wm.shape[0], wn = tw ? wm.shape[1] : wm.shape[2];
-  if (use_sm90(node, xm.dtype, experts, wn, xm.shape[1]))
+  if (use_sm90(node, xm.dtype, experts, wn, xm.shape[1], xm.shape[0]))
     return [experts, tw](KernelContext& c) {
       const int64_t rows = c.in[0].shape()[0], k = c.in[0].shape()[1], n = c.out[0].shape()[1];
       if (n > 0)
@@ -351,7 +358,7 @@ KernelFn make_wgrad_kernel(const Node& node, const Graph& graph, bool into) {
   const int64_t experts = graph.value(groups).meta.shape[1];
   // The Hopper kernel writes bf16 only outright (a bf16 += stays with cuBLAS).
   if ((shape.f32_out || !shape.accumulate) &&
-      use_sm90(node, am.dtype, experts, bm.shape[1], am.shape[1])) {
+      use_sm90(node, am.dtype, experts, bm.shape[1], am.shape[1], am.shape[0])) {
     const bool f32_out = shape.f32_out, accumulate = shape.accumulate;
     return [experts, first, into, f32_out, accumulate, what](KernelContext& c) {
       const Tensor& ta = c.in[first];
@@ -366,7 +373,8 @@ KernelFn make_wgrad_kernel(const Node& node, const Graph& graph, bool into) {
                                tb.shape()[1],
                                f32_out,
                                accumulate};
-      MT_CHECK(grouped_wgrad_sm90(g, stream_of(c)),
+      const int variant = grouped_wgrad_sm90_variant_for(g.rows / experts);
+      MT_CHECK(grouped_wgrad_sm90(g, stream_of(c), variant),
                "{} at '{}': the Hopper grouped GEMM refused it after prepare took it (a buffer "
                "not 16-byte aligned?)",
                what, c.node->scope);
