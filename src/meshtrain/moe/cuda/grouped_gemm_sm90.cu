@@ -8,7 +8,9 @@
 // running on across tiles); warpgroups 1 and 2 take rows 0..63 and 64..127 of the tile, issue
 // wgmma from shared memory (one group kept in flight) and store their accumulators. The pingpong
 // variant gives each consumer warpgroup every other tile whole instead, their main loops taking
-// turns, so that one's epilogue runs under the other's MMAs.
+// turns, so that one's epilogue runs under the other's MMAs. The cluster variant runs CTAs in
+// pairs over two row tiles of one (expert, column tile), each TMA-multicasting half of the shared
+// B tile into both, which halves the L2 traffic of B.
 //
 // Three operand forms (the row-major names of the ops):
 //   forward  y = x · w_eᵀ : A = x rows, K-major; B = w_e [n, k], K-major.
@@ -69,10 +71,13 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
 // PING false (cooperative): both consumer warpgroups share every tile, 64 rows each. PING true
 // (pingpong): each warpgroup takes every other tile of its CTA whole (two m64 halves), and the two
 // run their main loops in turn (named barriers 2 and 3 hand over the ring), so one warpgroup's
-// epilogue runs under the other's MMAs.
-template <Form F, int BN, int STAGES, bool PING>
+// epilogue runs under the other's MMAs. CL 2: clusters of two CTAs take row tiles 2u and 2u + 1
+// of one (expert, column tile) and share its B tile: each loads half of it, multicast into both,
+// so every stage frees only when the consumers of both CTAs have released it (remote arrivals).
+template <Form F, int BN, int STAGES, bool PING, int CL>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ Params p) {
+  static_assert(CL == 1 || (CL == 2 && !PING), "2-CTA clusters with the cooperative consumers");
   using C = Cfg<BN, STAGES>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -91,12 +96,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int count = min(max(p.groups[E + e], 0), p.rows - start);
     g_start[e] = start;
     g_count[e] = count;
-    tile_end[e] = (F == Form::kWgrad ? m_tiles_wgrad : (count + kBM - 1) / kBM) * n_tiles;
+    // Work units: CL row tiles (one per CTA of a cluster) of one column tile.
+    const int m_tiles = F == Form::kWgrad ? m_tiles_wgrad : (count + kBM - 1) / kBM;
+    tile_end[e] = (m_tiles + CL - 1) / CL * n_tiles;
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), PING ? kConsumerWarps / 2 : kConsumerWarps);
+      mbar_init(empty(s), (PING ? kConsumerWarps / 2 : kConsumerWarps) * CL);
     }
     mbar_fence_init();
   }
@@ -118,7 +125,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
+  // The peer's barriers are initialised before any multicast or remote arrival reaches them.
+  if constexpr (CL > 1) cluster_sync();
   const int total = E > 0 ? tile_end[E - 1] : 0;
+  const int rank = CL > 1 ? int(cluster_ctarank()) : 0;  // blockIdx.x % CL for (CL, 1, 1)
+  const int first_unit = int(blockIdx.x) / CL, unit_step = int(gridDim.x) / CL;
   // Tile t -> (expert, row tile, column tile): the first expert whose prefix passes t.
   auto decode = [&](int t, int& e, int& mt, int& nt) {
     int lo = 0, hi = E - 1;
@@ -131,8 +142,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     e = lo;
     const int local = t - (e > 0 ? tile_end[e - 1] : 0);
-    mt = local / n_tiles;
-    nt = local - mt * n_tiles;
+    const int unit = local / n_tiles;
+    nt = local - unit * n_tiles;
+    mt = unit * CL + rank;
   };
   auto k_blocks = [&](int e) {
     return F == Form::kWgrad ? (g_count[e] + kBK - 1) / kBK : (p.k_ext + kBK - 1) / kBK;
@@ -145,7 +157,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch_map(&p.tm_a);
       tma_prefetch_map(&p.tm_b);
       int it = 0;
-      for (int t = int(blockIdx.x); t < total; t += int(gridDim.x)) {
+      constexpr uint16_t kBoth = (1u << CL) - 1;
+      constexpr int kBBlocks = BN / 64 / CL;  // MN-major B blocks this CTA loads (and multicasts)
+      for (int t = first_unit; t < total; t += unit_step) {
         int e, mt, nt;
         decode(t, e, mt, nt);
         const int nk = k_blocks(e);
@@ -160,20 +174,44 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int c = 0; c < 2; ++c)
               tma_load_2d(&p.tm_a, sa + c * kBlockBytes, full(s), mt * kBM + 64 * c, r0);
 #pragma unroll
-            for (int c = 0; c < BN / 64; ++c)
-              tma_load_2d(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, r0);
+            for (int i = 0; i < kBBlocks; ++i) {
+              const int c = rank * kBBlocks + i;
+              if constexpr (CL > 1)
+                tma_load_2d_multicast(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, r0,
+                                      kBoth);
+              else
+                tma_load_2d(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, r0);
+            }
           } else {
             tma_load_2d(&p.tm_a, sa, full(s), kb * kBK, g_start[e] + mt * kBM);
             if constexpr (F == Form::kForward) {
-              tma_load_3d(&p.tm_b, sb, full(s), kb * kBK, nt * BN, e);
+              // K-major B: this CTA's BN / CL rows (the map's box), at their place in the tile.
+              constexpr int kRows = BN / CL;
+              if constexpr (CL > 1)
+                tma_load_3d_multicast(&p.tm_b, sb + rank * kRows * 128, full(s), kb * kBK,
+                                      nt * BN + rank * kRows, e, kBoth);
+              else
+                tma_load_3d(&p.tm_b, sb, full(s), kb * kBK, nt * BN, e);
             } else {
 #pragma unroll
-              for (int c = 0; c < BN / 64; ++c)
-                tma_load_3d(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, kb * kBK, e);
+              for (int i = 0; i < kBBlocks; ++i) {
+                const int c = rank * kBBlocks + i;
+                if constexpr (CL > 1)
+                  tma_load_3d_multicast(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c,
+                                        kb * kBK, e, kBoth);
+                else
+                  tma_load_3d(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, kb * kBK,
+                              e);
+              }
             }
           }
         }
       }
+      // Under clusters, stay until both CTAs' consumers have released every stage: the peer's
+      // remote arrivals land on this CTA's barriers, and this CTA's multicasts on the peer's.
+      if constexpr (CL > 1)
+        for (int i = 0; i < STAGES; ++i, ++it)
+          mbar_wait(empty(it % STAGES), ((it / STAGES) & 1) ^ 1);
     }
     return;
   }
@@ -192,8 +230,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // other warpgroup's last on the previous tile (barrier 2 + w), so the ring's phases are met in
   // order: no wait can see a stage's previous phase as this one.
   int j = 0;
-  const int my_tiles = (total - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
-  for (int t = int(blockIdx.x); t < total; t += int(gridDim.x), ++j) {
+  const int my_tiles = (total - first_unit + unit_step - 1) / unit_step;
+  auto release = [&](int stage) {  // lane 0 of each consumer warp
+    mbar_arrive(empty(stage));
+    if constexpr (CL > 1) mbar_arrive_cluster(empty(stage), uint32_t(rank ^ 1));
+  };
+  for (int t = first_unit; t < total; t += unit_step, ++j) {
     int e, mt, nt;
     decode(t, e, mt, nt);
     const int count = g_count[e];
@@ -261,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<1>();  // the previous k-block's group is done: its stage goes back
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) fence_regs(acc[h]);
-      if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+      if (prev >= 0 && lane == 0) release(prev);
       prev = s;
     }
     // Every full-barrier wait of this tile is behind us: the other warpgroup may start its tile.
@@ -269,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) fence_regs(acc[h]);
-    if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+    if (prev >= 0 && lane == 0) release(prev);
 
     // ---- epilogue: accumulator (row 16·warp + lane/4 + 8r, column 8c + 2·(lane%4)) -> global
     const int col0 = nt * BN + 2 * (lane & 3);
@@ -363,31 +405,81 @@ void encode(CUtensorMap* map, const void* ptr, int64_t cols, int64_t rows, int64
            int(rc), what, batch, rows, cols, ptr, box_rows);
 }
 
-template <Form F, int BN, int STAGES, bool PING = false>
+// How many clusters of `cl` CTAs of this kernel fit on the device at once (0: none, or unknown).
+template <auto kernel>
+int max_active_clusters(int cl, size_t smem, int sms) {
+  static std::atomic<int> cached[64] = {};  // by device: 0 unknown, else count + 1
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const int known = device < 64 ? cached[device].load() : 0;
+  if (known > 0) return known - 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(sms - sms % cl));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(cl);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  if (device < 64) cached[device].store(n + 1);
+  return n;
+}
+
+template <Form F, int BN, int STAGES, bool PING = false, int CL = 1>
 void launch(const Params& p, int64_t max_tiles, int sms, cudaStream_t stream) {
   using Cf = Cfg<BN, STAGES>;
-  constexpr auto kernel = grouped_gemm_kernel<F, BN, STAGES, PING>;
+  constexpr auto kernel = grouped_gemm_kernel<F, BN, STAGES, PING, CL>;
   attn::set_smem_limit_once<kernel>(Cf::kSmem);
-  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, max_tiles)));
-  kernel<<<grid, kThreads, Cf::kSmem, stream>>>(p);
+  if constexpr (CL == 1) {
+    const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, max_tiles)));
+    kernel<<<grid, kThreads, Cf::kSmem, stream>>>(p);
+  } else {
+    const int fit = max_active_clusters<kernel>(CL, Cf::kSmem, sms);
+    MT_CHECK(fit > 0,
+             "grouped GEMM sm90: no cluster of {} CTAs with {} bytes of shared memory fits "
+             "this device",
+             CL, Cf::kSmem);
+    const int64_t units = (max_tiles + CL - 1) / CL;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(CL * std::max<int64_t>(1, std::min<int64_t>(fit, units))));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = Cf::kSmem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = unsigned(CL);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  }
   CUDA_CHECK_LAUNCH("grouped_gemm_sm90");
 }
 
 struct Variant {
   const char* name;
-  int bn;
+  int bn, cl;  // tile columns; CTAs per cluster
   void (*fwd)(const Params&, int64_t, int, cudaStream_t);
   void (*dgrad)(const Params&, int64_t, int, cudaStream_t);
   void (*wgrad)(const Params&, int64_t, int, cudaStream_t);
 };
 // In the order of GroupedSm90Variant (grouped_gemm_sm90.h), which says what each is chosen for.
 constexpr Variant kVariants[] = {
-    {"128x256 tiles, 4 stages", 256, &launch<Form::kForward, 256, 4>, &launch<Form::kDgrad, 256, 4>,
-     &launch<Form::kWgrad, 256, 4>},
-    {"128x128 tiles, 6 stages", 128, &launch<Form::kForward, 128, 6>, &launch<Form::kDgrad, 128, 6>,
-     &launch<Form::kWgrad, 128, 6>},
-    {"128x128 tiles, 6 stages, pingpong", 128, &launch<Form::kForward, 128, 6, true>,
+    {"128x256 tiles, 4 stages", 256, 1, &launch<Form::kForward, 256, 4>,
+     &launch<Form::kDgrad, 256, 4>, &launch<Form::kWgrad, 256, 4>},
+    {"128x128 tiles, 6 stages", 128, 1, &launch<Form::kForward, 128, 6>,
+     &launch<Form::kDgrad, 128, 6>, &launch<Form::kWgrad, 128, 6>},
+    {"128x128 tiles, 6 stages, pingpong", 128, 1, &launch<Form::kForward, 128, 6, true>,
      &launch<Form::kDgrad, 128, 6, true>, &launch<Form::kWgrad, 128, 6, true>},
+    {"128x256 tiles, 4 stages, 2-CTA clusters", 256, 2, &launch<Form::kForward, 256, 4, false, 2>,
+     &launch<Form::kDgrad, 256, 4, false, 2>, &launch<Form::kWgrad, 256, 4, false, 2>},
 };
 static_assert(sizeof(kVariants) / sizeof(kVariants[0]) == kGroupedSm90NumVariants);
 constexpr int kNumVariants = kGroupedSm90NumVariants;
@@ -420,7 +512,7 @@ bool grouped_gemm_sm90(const GroupedGemmSm90& g, cudaStream_t stream, int varian
   const int64_t k_for_map = std::max<int64_t>(g.k, 8);  // a 0-wide map is invalid; never read then
   encode(&p.tm_a, g.x, k_for_map, g.rows, 1, kBM, "x");
   if (g.transpose_w)
-    encode(&p.tm_b, g.w, k_for_map, g.n, g.experts, uint32_t(v.bn), "w [E, n, k]");
+    encode(&p.tm_b, g.w, k_for_map, g.n, g.experts, uint32_t(v.bn / v.cl), "w [E, n, k]");
   else
     encode(&p.tm_b, g.w, g.n, std::max<int64_t>(g.k, 1), g.experts, 64, "w [E, k, n]");
   p.out = g.y;

@@ -21,10 +21,11 @@ inline constexpr int64_t kGroupedSm90MaxExperts = 1024;
 // (K = the expert's rows, short) is bound by its fp32 epilogue, which pingpong hides under the
 // other warpgroup's MMAs (357 against 297 TFLOP/s).
 enum GroupedSm90Variant : int {
-  kGroupedSm90Wide = 0,      // 128x256 tiles, 4 stages, both consumer warpgroups on one tile
-  kGroupedSm90Square = 1,    // 128x128 tiles, 6 stages
-  kGroupedSm90Pingpong = 2,  // 128x128 tiles, 6 stages, each warpgroup on its own tile in turn
-  kGroupedSm90NumVariants = 3,
+  kGroupedSm90Wide = 0,         // 128x256 tiles, 4 stages, both consumer warpgroups on one tile
+  kGroupedSm90Square = 1,       // 128x128 tiles, 6 stages
+  kGroupedSm90Pingpong = 2,     // 128x128 tiles, 6 stages, each warpgroup on its own tile in turn
+  kGroupedSm90WideCluster = 3,  // 128x256 in 2-CTA clusters sharing B (multicast), not yet timed
+  kGroupedSm90NumVariants = 4,
 };
 // The weight gradient's variant for a mean of `rows_per_expert` rows (K) per expert.
 inline int grouped_wgrad_sm90_variant_for(int64_t rows_per_expert) {
