@@ -1,8 +1,8 @@
 // bench_grouped_gemm: the grouped GEMMs of the routed experts on DeepSeek 16B's expert shapes (64
 // experts, 2048 -> 1408, bf16), with the groups made by moe_dispatch_plan as in the model, three
 // ways in one run: the ops' cuBLASLt path (per-expert cuBLASLt over four streams, `kernel` =
-// cublas, the host reading the plan's published groups), `kernel` = meshtrain (
-// meshtrain's grouped GEMM, moe/cuda/grouped_gemm_sm90.h, plus the op's zeroing of the rows
+// cublas, the host reading the plan's published groups), `kernel` = meshtrain (meshtrain's
+// grouped GEMM, moe/cuda/grouped_gemm_sm90.h, plus the op's zeroing of the rows
 // outside the groups) and every tile variant of that kernel called directly. FLOP = Σ_e
 // 2·rows_e·k·n. Time = median of --iters launches after --warmup, CUDA events. Each output is
 // checked against classic cuBLAS run per expert on the same operands (relative L2 error, worst

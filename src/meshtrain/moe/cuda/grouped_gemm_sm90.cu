@@ -157,8 +157,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch_map(&p.tm_a);
       tma_prefetch_map(&p.tm_b);
       int it = 0;
-      constexpr uint16_t kBoth = (1u << CL) - 1;
       constexpr int kBBlocks = BN / 64 / CL;  // MN-major B blocks this CTA loads (and multicasts)
+      // B's boxes: into this CTA alone, or under clusters into every CTA of the cluster.
+      auto load_b_2d = [&](uint32_t dst, uint32_t bar, int c0, int c1) {
+        if constexpr (CL > 1)
+          tma_load_2d_multicast(&p.tm_b, dst, bar, c0, c1, uint16_t((1u << CL) - 1));
+        else
+          tma_load_2d(&p.tm_b, dst, bar, c0, c1);
+      };
+      auto load_b_3d = [&](uint32_t dst, uint32_t bar, int c0, int c1, int c2) {
+        if constexpr (CL > 1)
+          tma_load_3d_multicast(&p.tm_b, dst, bar, c0, c1, c2, uint16_t((1u << CL) - 1));
+        else
+          tma_load_3d(&p.tm_b, dst, bar, c0, c1, c2);
+      };
       for (int t = first_unit; t < total; t += unit_step) {
         int e, mt, nt;
         decode(t, e, mt, nt);
@@ -176,32 +188,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int i = 0; i < kBBlocks; ++i) {
               const int c = rank * kBBlocks + i;
-              if constexpr (CL > 1)
-                tma_load_2d_multicast(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, r0,
-                                      kBoth);
-              else
-                tma_load_2d(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, r0);
+              load_b_2d(sb + c * kBlockBytes, full(s), nt * BN + 64 * c, r0);
             }
           } else {
             tma_load_2d(&p.tm_a, sa, full(s), kb * kBK, g_start[e] + mt * kBM);
             if constexpr (F == Form::kForward) {
               // K-major B: this CTA's BN / CL rows (the map's box), at their place in the tile.
               constexpr int kRows = BN / CL;
-              if constexpr (CL > 1)
-                tma_load_3d_multicast(&p.tm_b, sb + rank * kRows * 128, full(s), kb * kBK,
-                                      nt * BN + rank * kRows, e, kBoth);
-              else
-                tma_load_3d(&p.tm_b, sb, full(s), kb * kBK, nt * BN, e);
+              load_b_3d(sb + rank * kRows * 128, full(s), kb * kBK, nt * BN + rank * kRows, e);
             } else {
 #pragma unroll
               for (int i = 0; i < kBBlocks; ++i) {
                 const int c = rank * kBBlocks + i;
-                if constexpr (CL > 1)
-                  tma_load_3d_multicast(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c,
-                                        kb * kBK, e, kBoth);
-                else
-                  tma_load_3d(&p.tm_b, sb + c * kBlockBytes, full(s), nt * BN + 64 * c, kb * kBK,
-                              e);
+                load_b_3d(sb + c * kBlockBytes, full(s), nt * BN + 64 * c, kb * kBK, e);
               }
             }
           }
@@ -405,6 +404,25 @@ void encode(CUtensorMap* map, const void* ptr, int64_t cols, int64_t rows, int64
            int(rc), what, batch, rows, cols, ptr, box_rows);
 }
 
+// A launch of `grid` CTAs of kThreads in clusters of `cl` along x (cfg points at attr: no copies).
+struct ClusterLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t cfg{};
+  ClusterLaunch(unsigned grid, int cl, size_t smem, cudaStream_t stream) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = unsigned(cl);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // How many clusters of `cl` CTAs of this kernel fit on the device at once (0: none, or unknown).
 template <auto kernel>
 int max_active_clusters(int cl, size_t smem, int sms) {
@@ -413,18 +431,9 @@ int max_active_clusters(int cl, size_t smem, int sms) {
   CUDA_CHECK(cudaGetDevice(&device));
   const int known = device < 64 ? cached[device].load() : 0;
   if (known > 0) return known - 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(sms - sms % cl));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = unsigned(cl);
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const ClusterLaunch query(unsigned(sms - sms % cl), cl, smem, nullptr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &query.cfg) != cudaSuccess) {
     (void)cudaGetLastError();
     n = 0;
   }
@@ -447,18 +456,9 @@ void launch(const Params& p, int64_t max_tiles, int sms, cudaStream_t stream) {
              "this device",
              CL, Cf::kSmem);
     const int64_t units = (max_tiles + CL - 1) / CL;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(CL * std::max<int64_t>(1, std::min<int64_t>(fit, units))));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = Cf::kSmem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = unsigned(CL);
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+    const ClusterLaunch run(unsigned(CL * std::max<int64_t>(1, std::min<int64_t>(fit, units))), CL,
+                            Cf::kSmem, stream);
+    CUDA_CHECK(cudaLaunchKernelEx(&run.cfg, kernel, p));
   }
   CUDA_CHECK_LAUNCH("grouped_gemm_sm90");
 }

@@ -27,9 +27,12 @@ enum GroupedSm90Variant : int {
   kGroupedSm90WideCluster = 3,  // 128x256 in 2-CTA clusters sharing B (multicast), not yet timed
   kGroupedSm90NumVariants = 4,
 };
-// The weight gradient's variant for a mean of `rows_per_expert` rows (K) per expert.
+// The weight gradient's variant for a mean of `rows_per_expert` rows (K) per expert: pingpong up
+// to this mean (measured at 384), 128x256 above (measured at 1,536).
+inline constexpr int64_t kGroupedSm90PingpongMaxRowsPerExpert = 768;
 inline int grouped_wgrad_sm90_variant_for(int64_t rows_per_expert) {
-  return rows_per_expert <= 768 ? kGroupedSm90Pingpong : kGroupedSm90Wide;
+  return rows_per_expert <= kGroupedSm90PingpongMaxRowsPerExpert ? kGroupedSm90Pingpong
+                                                                 : kGroupedSm90Wide;
 }
 
 // y[rows of e, n] = x[rows of e, k] · op(w_e) for every expert's group, bf16 with fp32
