@@ -230,10 +230,11 @@ void launch_zero_outside(DType dt, const Tensor& groups, int64_t e, int64_t rows
   }
 }
 
-// "auto" takes the Hopper kernel where it measured faster than the per-expert cuBLASLt path: 2.6x
-// at a mean of 384 rows per expert (one launch against 64 small GEMMs), while at 1,536 the
-// per-expert cuBLASLt GEMMs lead by 4-14% (bench/kernels/NOTES.md, 2026-12-07, H100). The switch
-// sits at 768, between the two measured points; "meshtrain" takes the kernel at any size.
+// "auto" takes the Hopper kernel where it measured faster than the per-expert cuBLASLt path:
+// 2.4-2.9x (forward, data gradient) and 1.6x (weight gradient) at a mean of 384 rows per expert
+// (one launch against 64 small GEMMs), while at 1,536 the per-expert cuBLASLt GEMMs lead by
+// 4-14% (bench/kernels/NOTES.md, 2026-12-07, H100). The switch sits at 768, between the two
+// measured points; "meshtrain" takes the kernel at any size.
 constexpr int64_t kAutoSm90MaxRowsPerExpert = 768;
 
 // Whether a node runs the Hopper grouped GEMM: bf16, the device and extents it takes, and the
