@@ -5,8 +5,9 @@
 // walks the tiles t = blockIdx.x, + gridDim.x, ... (expert-major, columns fastest, so the CTAs
 // working at one time share an expert's weight and rows in L2). Warp 0 of warpgroup 0 issues the
 // TMA loads of every k-block of its tiles into a ring of stages (full/empty mbarriers, the ring
-// running on across tiles); warpgroups 1 and 2 take rows 0..63 and 64..127 of the tile, issue
-// wgmma from shared memory (one group kept in flight) and store their accumulators. The pingpong
+// running on across tiles); warpgroups 1 and 2 take the upper and lower half of the tile's rows
+// (64 or 128 each), issue wgmma from shared memory (one group kept in flight) and store their
+// accumulators. The pingpong
 // variant gives each consumer warpgroup every other tile whole instead, their main loops taking
 // turns, so that one's epilogue runs under the other's MMAs. The cluster variant runs CTAs in
 // pairs over two row tiles of one (expert, column tile), each TMA-multicasting half of the shared
@@ -35,16 +36,17 @@ using namespace hopper;
 
 enum class Form : int { kForward, kDgrad, kWgrad };
 
-constexpr int kBM = 128, kBK = 64, kThreads = 384;
+constexpr int kBK = 64, kThreads = 384;
 constexpr int kMaxE = int(kGroupedSm90MaxExperts);
 constexpr uint32_t kConsumerWarps = 8;
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr uint32_t kBlockBytes = 64 * 128;  // one [64 rows][64 bf16] swizzled block
 
-template <int BN, int STAGES>
+template <int BM, int BN, int STAGES>
 struct Cfg {
   static_assert(BN == 128 || BN == 256, "wgmma n128 or n256 per consumer warpgroup");
-  static constexpr uint32_t kABytes = kBM * kBK * 2;  // 16 KiB
+  static_assert(BM == 128 || BM == 256, "one or two m64 halves per consumer warpgroup");
+  static constexpr uint32_t kABytes = BM * kBK * 2;  // 16 or 32 KiB
   static constexpr uint32_t kBBytes = BN * kBK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   static constexpr uint32_t kTablesOff = STAGES * kStageBytes;
@@ -74,11 +76,12 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
 // epilogue runs under the other's MMAs. CL 2: clusters of two CTAs take row tiles 2u and 2u + 1
 // of one (expert, column tile) and share its B tile: each loads half of it, multicast into both,
 // so every stage frees only when the consumers of both CTAs have released it (remote arrivals).
-template <Form F, int BN, int STAGES, bool PING, int CL>
+template <Form F, int BM, int BN, int STAGES, bool PING, int CL>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ Params p) {
   static_assert(CL == 1 || (CL == 2 && !PING), "2-CTA clusters with the cooperative consumers");
-  using C = Cfg<BN, STAGES>;
+  static_assert(BM == 128 || !PING, "pingpong: one 128-row tile per warpgroup");
+  using C = Cfg<BM, BN, STAGES>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   int* tile_end = reinterpret_cast<int*>(smem_raw + (base + C::kTablesOff - smem_u32(smem_raw)));
@@ -90,14 +93,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int E = p.experts;
   const int n_tiles = (p.n_ext + BN - 1) / BN;
-  const int m_tiles_wgrad = (p.m_ext + kBM - 1) / kBM;
+  const int m_tiles_wgrad = (p.m_ext + BM - 1) / BM;
   for (int e = int(threadIdx.x); e < E; e += kThreads) {
     const int start = min(max(p.groups[e], 0), p.rows);
     const int count = min(max(p.groups[E + e], 0), p.rows - start);
     g_start[e] = start;
     g_count[e] = count;
     // Work units: CL row tiles (one per CTA of a cluster) of one column tile.
-    const int m_tiles = F == Form::kWgrad ? m_tiles_wgrad : (count + kBM - 1) / kBM;
+    const int m_tiles = F == Form::kWgrad ? m_tiles_wgrad : (count + BM - 1) / BM;
     tile_end[e] = (m_tiles + CL - 1) / CL * n_tiles;
   }
   if (threadIdx.x == 0) {
@@ -183,15 +186,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (F == Form::kWgrad) {
             const int r0 = g_start[e] + kb * kBK;
 #pragma unroll
-            for (int c = 0; c < 2; ++c)
-              tma_load_2d(&p.tm_a, sa + c * kBlockBytes, full(s), mt * kBM + 64 * c, r0);
+            for (int c = 0; c < BM / 64; ++c)
+              tma_load_2d(&p.tm_a, sa + c * kBlockBytes, full(s), mt * BM + 64 * c, r0);
 #pragma unroll
             for (int i = 0; i < kBBlocks; ++i) {
               const int c = rank * kBBlocks + i;
               load_b_2d(sb + c * kBlockBytes, full(s), nt * BN + 64 * c, r0);
             }
           } else {
-            tma_load_2d(&p.tm_a, sa, full(s), kb * kBK, g_start[e] + mt * kBM);
+            tma_load_2d(&p.tm_a, sa, full(s), kb * kBK, g_start[e] + mt * BM);
             if constexpr (F == Form::kForward) {
               // K-major B: this CTA's BN / CL rows (the map's box), at their place in the tile.
               constexpr int kRows = BN / CL;
@@ -221,7 +224,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row_in_wg = 16 * (t_in >> 5) + (lane >> 2);  // upper accumulator row; +8 the lower
   constexpr int kTransA = F == Form::kWgrad ? 1 : 0;
   constexpr int kTransB = F == Form::kForward ? 0 : 1;
-  constexpr int kHalves = PING ? 2 : 1;  // 64-row halves of the tile this warpgroup computes
+  // The 64-row halves of the tile this warpgroup computes: under PING all (two) of its own tile;
+  // else its share of the tile both compute, halves kHalves·w ... kHalves·w + kHalves - 1.
+  constexpr int kHalves = PING ? 2 : BM / 128;
+  auto half_of = [&](int h) { return PING ? h : kHalves * w + h; };
   float acc[kHalves][BN / 2];
   int it = 0;
   // The CTA's tiles in order (j); under PING warpgroup w owns the tiles with j % 2 == w and skips
@@ -259,25 +265,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           // K rows valid..63 belong to the next expert (or lie past the buffer): zero them in
           // every block of both tiles (a K row is one whole 128-byte row of a block), make the
           // stores visible to wgmma, and wait for the other warpgroup's half.
-          constexpr int kBlocks = 2 + BN / 64;
+          constexpr int kABlocks = BM / 64, kBlocks = kABlocks + BN / 64;
           constexpr int kZeroThreads = PING ? 128 : 256;  // the threads reading this stage
           const int chunks = kBlocks * (kBK - valid) * 8;
           for (int i = t_in + (PING ? 0 : 128 * w); i < chunks; i += kZeroThreads) {
             const int blk = i / ((kBK - valid) * 8), rem = i - blk * (kBK - valid) * 8;
             const int r = valid + rem / 8, ch = rem % 8;
-            const uint32_t tile = blk < 2 ? sa + blk * kBlockBytes : sb + (blk - 2) * kBlockBytes;
+            const uint32_t tile =
+                blk < kABlocks ? sa + blk * kBlockBytes : sb + (blk - kABlocks) * kBlockBytes;
             st_shared_zero16(tile + r * 128 + ch * 16);
           }
           fence_proxy_async_smem();
           named_bar_sync(PING ? 4 + w : 1, kZeroThreads);
         }
       }
-      // A half h: rows 64h.. of a K-major tile, or M block h of an MN-major one (h = w when the
-      // two warpgroups share the tile).
+      // A half: rows 64·half.. of a K-major tile, or M block `half` of an MN-major one.
       uint64_t da[kHalves];
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
-        const uint32_t a_rows = sa + (PING ? h : w) * kBlockBytes;
+        const uint32_t a_rows = sa + half_of(h) * kBlockBytes;
         da[h] = kTransA ? wgmma_desc_sw128(a_rows, kBlockBytes, kSw128Sbo)
                         : wgmma_desc_sw128(a_rows, kKMajorLbo, kSw128Sbo);
       }
@@ -320,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2 * kHalves; ++hr) {
         const int h = hr >> 1, r = hr & 1;
-        const int m = mt * kBM + 64 * (PING ? h : w) + row_in_wg + 8 * r;
+        const int m = mt * BM + 64 * half_of(h) + row_in_wg + 8 * r;
         if (m >= p.m_ext) continue;
         const int64_t row_at = (int64_t(e) * p.m_ext + m) * q;
         if (p.out_f32) {
@@ -353,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2 * kHalves; ++hr) {
         const int h = hr >> 1, r = hr & 1;
-        const int m = mt * kBM + 64 * (PING ? h : w) + row_in_wg + 8 * r;
+        const int m = mt * BM + 64 * half_of(h) + row_in_wg + 8 * r;
         if (m >= count) continue;
         attn::bf16* dst = static_cast<attn::bf16*>(p.out) + (int64_t(g_start[e]) + m) * n;
 #pragma unroll
@@ -441,10 +447,10 @@ int max_active_clusters(int cl, size_t smem, int sms) {
   return n;
 }
 
-template <Form F, int BN, int STAGES, bool PING = false, int CL = 1>
+template <Form F, int BM, int BN, int STAGES, bool PING = false, int CL = 1>
 void launch(const Params& p, int64_t max_tiles, int sms, cudaStream_t stream) {
-  using Cf = Cfg<BN, STAGES>;
-  constexpr auto kernel = grouped_gemm_kernel<F, BN, STAGES, PING, CL>;
+  using Cf = Cfg<BM, BN, STAGES>;
+  constexpr auto kernel = grouped_gemm_kernel<F, BM, BN, STAGES, PING, CL>;
   attn::set_smem_limit_once<kernel>(Cf::kSmem);
   if constexpr (CL == 1) {
     const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, max_tiles)));
@@ -465,21 +471,28 @@ void launch(const Params& p, int64_t max_tiles, int sms, cudaStream_t stream) {
 
 struct Variant {
   const char* name;
-  int bn, cl;  // tile columns; CTAs per cluster
+  int bm, bn, cl;  // tile rows and columns; CTAs per cluster
   void (*fwd)(const Params&, int64_t, int, cudaStream_t);
   void (*dgrad)(const Params&, int64_t, int, cudaStream_t);
   void (*wgrad)(const Params&, int64_t, int, cudaStream_t);
 };
 // In the order of GroupedSm90Variant (grouped_gemm_sm90.h), which says what each is chosen for.
+template <int BM, int BN, int STAGES, bool PING = false, int CL = 1>
+constexpr Variant variant(const char* name) {
+  return {name,
+          BM,
+          BN,
+          CL,
+          &launch<Form::kForward, BM, BN, STAGES, PING, CL>,
+          &launch<Form::kDgrad, BM, BN, STAGES, PING, CL>,
+          &launch<Form::kWgrad, BM, BN, STAGES, PING, CL>};
+}
 constexpr Variant kVariants[] = {
-    {"128x256 tiles, 4 stages", 256, 1, &launch<Form::kForward, 256, 4>,
-     &launch<Form::kDgrad, 256, 4>, &launch<Form::kWgrad, 256, 4>},
-    {"128x128 tiles, 6 stages", 128, 1, &launch<Form::kForward, 128, 6>,
-     &launch<Form::kDgrad, 128, 6>, &launch<Form::kWgrad, 128, 6>},
-    {"128x128 tiles, 6 stages, pingpong", 128, 1, &launch<Form::kForward, 128, 6, true>,
-     &launch<Form::kDgrad, 128, 6, true>, &launch<Form::kWgrad, 128, 6, true>},
-    {"128x256 tiles, 4 stages, 2-CTA clusters", 256, 2, &launch<Form::kForward, 256, 4, false, 2>,
-     &launch<Form::kDgrad, 256, 4, false, 2>, &launch<Form::kWgrad, 256, 4, false, 2>},
+    variant<128, 256, 4>("128x256 tiles, 4 stages"),
+    variant<128, 128, 6>("128x128 tiles, 6 stages"),
+    variant<128, 128, 6, true>("128x128 tiles, 6 stages, pingpong"),
+    variant<128, 256, 4, false, 2>("128x256 tiles, 4 stages, 2-CTA clusters"),
+    variant<256, 128, 4>("256x128 tiles, 4 stages"),
 };
 static_assert(sizeof(kVariants) / sizeof(kVariants[0]) == kGroupedSm90NumVariants);
 constexpr int kNumVariants = kGroupedSm90NumVariants;
@@ -510,7 +523,7 @@ bool grouped_gemm_sm90(const GroupedGemmSm90& g, cudaStream_t stream, int varian
   const Variant& v = kVariants[variant];
   Params p{};
   const int64_t k_for_map = std::max<int64_t>(g.k, 8);  // a 0-wide map is invalid; never read then
-  encode(&p.tm_a, g.x, k_for_map, g.rows, 1, kBM, "x");
+  encode(&p.tm_a, g.x, k_for_map, g.rows, 1, uint32_t(v.bm), "x");
   if (g.transpose_w)
     encode(&p.tm_b, g.w, k_for_map, g.n, g.experts, uint32_t(v.bn / v.cl), "w [E, n, k]");
   else
@@ -521,7 +534,7 @@ bool grouped_gemm_sm90(const GroupedGemmSm90& g, cudaStream_t stream, int varian
   p.rows = int(g.rows);
   p.n_ext = int(g.n);
   p.k_ext = int(g.k);
-  const int64_t max_tiles = (g.rows / kBM + g.experts) * ((g.n + v.bn - 1) / v.bn);
+  const int64_t max_tiles = (g.rows / v.bm + g.experts) * ((g.n + v.bn - 1) / v.bn);
   (g.transpose_w ? v.fwd : v.dgrad)(p, max_tiles, sms, stream);
   return true;
 }
@@ -547,7 +560,7 @@ bool grouped_wgrad_sm90(const GroupedWgradSm90& g, cudaStream_t stream, int vari
   p.n_ext = int(g.q);
   p.out_f32 = g.out_f32 ? 1 : 0;
   p.accumulate = g.accumulate ? 1 : 0;
-  const int64_t max_tiles = g.experts * ((g.p + kBM - 1) / kBM) * ((g.q + v.bn - 1) / v.bn);
+  const int64_t max_tiles = g.experts * ((g.p + v.bm - 1) / v.bm) * ((g.q + v.bn - 1) / v.bn);
   v.wgrad(p, max_tiles, sms, stream);
   return true;
 }
