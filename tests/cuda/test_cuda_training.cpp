@@ -9,7 +9,9 @@
 //   - a DeepSeek-V3 checkpoint saved asynchronously on the GPU resumes there and loads on the CPU;
 //   - bf16 compute copies (written by the optimizer) are bitwise the cast path ([training]
 //     compute_weight_copies = false): losses, norms and masters over 6 steps, a resume from a
-//     cast-path checkpoint and a start from its HF weights.
+//     cast-path checkpoint and a start from its HF weights;
+//   - the update overlapped with the next step ([optimizer] overlap_next_step) is bitwise the
+//     update in line, over 8 steps of train().
 // The corpus is the repository's own documentation (the `text` dataset), so the test needs no
 // package that a GPU machine may lack: $MESHTRAIN_SOURCE_DIR (set by ctest), else the working
 // directory, must hold ARCHITECTURE.md.
@@ -295,6 +297,34 @@ TEST(CudaTraining, Llama3DebugBf16ComputeCopiesAreBitwiseTheCastPath) {
 
 TEST(CudaTraining, DeepSeekV3DebugBf16ComputeCopiesAreBitwiseTheCastPath) {
   expect_copies_are_the_cast_path("deepseek_v3");
+}
+
+// [optimizer] overlap_next_step: the update on its own stream, the next step starting on the
+// weights already updated while the rest are, gives bitwise the run of the update in line (the
+// logged losses and norms, every master, every bf16 compute copy), through train(), whose loop is
+// where the update may still run when the next step starts.
+TEST(CudaTraining, DeepSeekV3DebugBf16OverlappedUpdateIsBitwiseTheSame) {
+  const int steps = 8;
+  const std::vector<std::string> every_step = {"--metrics.log_freq", "1"};
+  std::vector<StepRecord> inline_steps, overlapped_steps;
+  std::vector<std::vector<float>> inline_masters, overlapped_masters;
+  {
+    Trainer t(debug_job("deepseek_v3", "cuda", steps, cat(kBf16, every_step)), runtime());
+    inline_steps = t.train();
+    inline_masters = masters_of(t);
+  }
+  {
+    Trainer t(debug_job("deepseek_v3", "cuda", steps,
+                        cat(cat(kBf16, every_step), {"--optimizer.overlap_next_step", "true"})),
+              runtime());
+    overlapped_steps = t.train();
+    overlapped_masters = masters_of(t);
+    expect_copies_follow_masters(t, "after the overlapped run");
+  }
+  ASSERT_EQ(inline_steps.size(), size_t(steps));
+  expect_same_steps(inline_steps, overlapped_steps, 0, "inline vs overlapped update");
+  EXPECT_TRUE(inline_masters == overlapped_masters)
+      << "the masters differ after " << steps << " steps";
 }
 
 // The cast path saves step 4 (full) and its final weights in HF layout (step 6); with compute

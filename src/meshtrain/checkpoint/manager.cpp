@@ -130,10 +130,13 @@ void CheckpointManager::after_step(int64_t step, int64_t optimizer_step, int64_t
                                    double lr) {
   if (!options_.enable || options_.load_only) return;
   poll();
-  const bool last = step == run_.training_steps;
-  if (last || (options_.interval > 0 && step % options_.interval == 0) ||
-      (options_.enable_first_step_checkpoint && step == 1))
-    save(step, optimizer_step, lr_step, lr, last);
+  if (saves_at(step)) save(step, optimizer_step, lr_step, lr, step == run_.training_steps);
+}
+
+bool CheckpointManager::saves_at(int64_t step) const {
+  if (!options_.enable || options_.load_only) return false;
+  return step == run_.training_steps || (options_.interval > 0 && step % options_.interval == 0) ||
+         (options_.enable_first_step_checkpoint && step == 1);
 }
 
 void CheckpointManager::save_now(int64_t step, int64_t optimizer_step, int64_t lr_step, double lr) {

@@ -51,6 +51,8 @@ class CheckpointManager {
   // After optimizer step `step`: completes an async save whose files are written, and saves
   // when due (every `interval` steps, and at the last step).
   void after_step(int64_t step, int64_t optimizer_step, int64_t lr_step, double lr);
+  // Whether after_step(step, ...) saves.
+  bool saves_at(int64_t step) const;
   // A save at `step` now, off the interval (a stop signal), unless this step was just saved.
   void save_now(int64_t step, int64_t optimizer_step, int64_t lr_step, double lr);
   // The latest complete checkpoint folder, "" when none (named by errors that keep it intact).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace meshtrain {
 
@@ -22,6 +23,17 @@ void Executor::bind(ValueId v, Tensor t) {
            "binding {}: expected {} {}, found {} {}", val.name, dtype_name(val.meta.dtype),
            val.meta.shape, dtype_name(t.dtype()), t.shape());
   tensors_[size_t(v)] = std::move(t);
+}
+
+void Executor::set_main_stream(int index) {
+  MT_CHECK(!prepared_ && index >= 0, "Executor::set_main_stream({}) after prepare()", index);
+  main_stream_ = index;
+}
+
+void Executor::after_node(NodeId node, std::function<void(Stream&)> hook) {
+  MT_CHECK(!prepared_ && node >= 0 && node < graph_.num_nodes(),
+           "Executor::after_node(%{}) after prepare() or outside the graph", node);
+  hooks_.emplace_back(node, std::move(hook));
 }
 
 const Tensor& Executor::tensor(ValueId v) const {
@@ -68,7 +80,13 @@ void Executor::prepare() {
 
   int max_stream = 0;
   for (NodeId id : plan_.schedule) max_stream = std::max(max_stream, graph_.node(id).stream);
-  backend_.ensure_streams(max_stream + 1);
+  backend_.ensure_streams(std::max(max_stream, main_stream_) + 1);
+  MT_CHECK(main_stream_ == 0 || main_stream_ > max_stream,
+           "executor: main stream {} is also one of the graph's side streams (1..{})", main_stream_,
+           max_stream);
+  auto backend_stream = [&](int graph_stream) {
+    return &backend_.stream(graph_stream == 0 ? main_stream_ : graph_stream);
+  };
 
   // Position of each node in the schedule; producer of each value.
   std::vector<int> pos_of(size_t(graph_.num_nodes()), -1);
@@ -89,11 +107,19 @@ void Executor::prepare() {
       // Workspace is raw bytes; kernels reinterpret it (view_as) as they need.
       s.ctx.workspace = Tensor(arena_, size_t(plan_.workspace_offset[size_t(id)]),
                                Shape{(plan_.workspace_bytes[size_t(id)] + 3) / 4}, DType::kI32);
-    s.ctx.stream = &backend_.stream(n.stream);
+    s.ctx.stream = backend_stream(n.stream);
+    for (auto& [hook_node, hook] : hooks_)
+      if (hook_node == id) s.hooks.push_back(hook);
     s.ctx.services = services_;
     s.ctx.scalars = &scalars_;
     steps_.push_back(std::move(s));
   }
+  for (auto& [hook_node, hook] : hooks_)
+    MT_CHECK(pos_of[size_t(hook_node)] >= 0,
+             "executor: after_node hook on %{} ({}), which the "
+             "schedule does not run",
+             hook_node, graph_.node(hook_node).op);
+  hooks_.clear();
 
   // Cross-stream dependencies: (a) a node waits for producers of its inputs on other streams;
   // (b) a block that reuses arena bytes waits for the last readers of earlier occupants on other
@@ -172,12 +198,35 @@ void Executor::prepare() {
   prepared_ = true;
 }
 
+int Executor::wait_for_external_writes(const std::vector<ExternalWrite>& writes) {
+  MT_CHECK(prepared_, "Executor::wait_for_external_writes before prepare()");
+  std::set<std::pair<const Stream*, size_t>> seen;  // (stream, write) already waited for
+  int added = 0;
+  for (Step& s : steps_) {
+    auto touch = [&](const Tensor& t) {
+      if (!t.defined() || t.nbytes() == 0) return;
+      const uintptr_t lo = reinterpret_cast<uintptr_t>(t.raw()), hi = lo + t.nbytes();
+      for (size_t w = 0; w < writes.size(); ++w) {
+        if (writes[w].end <= lo || hi <= writes[w].begin) continue;
+        if (!seen.insert({s.ctx.stream, w}).second) continue;
+        if (std::find(s.waits.begin(), s.waits.end(), writes[w].done) == s.waits.end()) {
+          s.waits.push_back(writes[w].done);
+          ++added;
+        }
+      }
+    };
+    for (const Tensor& t : s.ctx.in) touch(t);
+    for (const Tensor& t : s.ctx.out) touch(t);
+  }
+  return added;
+}
+
 void Executor::run() {
   MT_CHECK(prepared_, "Executor::run before prepare()");
   // Without this, the next micro-batch's first gathers on a communication stream could
   // overwrite arena bytes this run's last backward nodes on stream 0 still read (and the
   // reverse), since the waits below order nodes within one run only.
-  Stream& main = backend_.stream(0);
+  Stream& main = backend_.stream(main_stream_);
   if (run_started_) {
     run_started_->record(main);
     for (Stream* st : side_streams_) run_started_->wait(*st);
@@ -196,6 +245,7 @@ void Executor::run() {
                   __FILE__, __LINE__);
     }
     if (observer_) observer_->after(n, *s.ctx.stream);
+    for (auto& hook : s.hooks) hook(*s.ctx.stream);
     if (s.done) s.done->record(*s.ctx.stream);
   }
   for (size_t i = 0; i < side_streams_.size(); ++i) {

@@ -7,7 +7,7 @@ ValueId sum_squares(Builder& b, ValueId x) { return b.op1("sum_squares", {x}); }
 
 void adamw_update(Builder& b, ValueId param, ValueId grad, ValueId exp_avg, ValueId exp_avg_sq,
                   ValueId total_norm_sq, int lr_slot, int step_slot, const AdamWParams& p,
-                  ValueId compute) {
+                  ValueId compute, ElementRange range) {
   std::vector<ValueId> in = {param, grad, exp_avg, exp_avg_sq, total_norm_sq};
   if (compute != kNoValue) in.push_back(compute);
   b.op("adamw_update", in,
@@ -18,7 +18,14 @@ void adamw_update(Builder& b, ValueId param, ValueId grad, ValueId exp_avg, Valu
         {"eps", p.eps},
         {"weight_decay", p.weight_decay},
         {"max_norm", p.max_norm},
-        {"reset_grad", int64_t(p.reset_grad)}});
+        {"reset_grad", int64_t(p.reset_grad)},
+        {"begin", range.begin},
+        {"count", range.count}});
+}
+
+ElementRange adamw_range(const Attrs& attrs, int64_t numel) {
+  const int64_t begin = attrs.i("begin", 0), count = attrs.i("count", -1);
+  return {begin, count < 0 ? numel - begin : count};
 }
 
 double clip_coefficient(double total_norm, double max_norm) {
@@ -34,7 +41,7 @@ MT_REGISTER_OPS {
             }});
   r.add_op({.name = "adamw_update",
             .infer =
-                [](const std::vector<TensorMeta>& in, const Attrs&) {
+                [](const std::vector<TensorMeta>& in, const Attrs& a) {
                   MT_CHECK_T(ShapeError, in.size() == 5 || in.size() == 6,
                              "adamw_update takes 5 inputs, or 6 with a compute copy; found {}",
                              in.size());
@@ -52,6 +59,13 @@ MT_REGISTER_OPS {
                                "adamw_update: the compute copy must be the param's shape {} in "
                                "another float dtype than {}, found {} {}",
                                in[0].shape, in[0].dtype, in[5].dtype, in[5].shape);
+                  const int64_t begin = a.i("begin", 0), count = a.i("count", -1);
+                  MT_CHECK_T(ShapeError,
+                             begin >= 0 && begin <= in[0].numel() &&
+                                 (count < 0 || count <= in[0].numel() - begin),
+                             "adamw_update: elements [{}, {} + {}) lie outside the {} of the flat "
+                             "buffers",
+                             begin, begin, count, in[0].numel());
                   return std::vector<TensorMeta>{};
                 },
             .side_effect = true});

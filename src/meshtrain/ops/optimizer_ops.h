@@ -23,9 +23,17 @@ struct AdamWParams {
 // the 1-based step are host scalars (graph slots) read at launch. compute (optional, param's
 // shape, another float dtype): the compute copy, written in the same pass with cast(updated
 // param) (the cast op's conversion); a skipped step (non-finite norm) leaves it as it was.
+// `range` (elements [begin, begin + count) of the flat buffers; count -1: to the end) updates one
+// slice only: the optimizer splits a group into slices so that the next step can start on the
+// weights already updated (optim/optimizer.h). Each element's arithmetic is the same either way.
+struct ElementRange {
+  int64_t begin = 0, count = -1;
+};
 void adamw_update(Builder& b, ValueId param, ValueId grad, ValueId exp_avg, ValueId exp_avg_sq,
                   ValueId total_norm_sq, int lr_slot, int step_slot, const AdamWParams& p,
-                  ValueId compute = kNoValue);
+                  ValueId compute = kNoValue, ElementRange range = {});
+// The slice an adamw_update node's attrs name, resolved against its flat buffers' `numel`.
+ElementRange adamw_range(const Attrs& attrs, int64_t numel);
 
 // torchtitan / torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)).
 double clip_coefficient(double total_norm, double max_norm);

@@ -48,6 +48,7 @@ class ParamStore {
   // Masters were written outside the optimizer (a checkpoint or HF load, a test): the compute
   // copies are stale until sync_compute_copies().
   void masters_written() { copies_stale_ = true; }
+  bool copies_stale() const { return copies_stale_; }
   // Casts every master into its compute copy if masters were written since the last cast (the
   // trainer calls it before each step); enqueued on stream 0, no allocation. No-op without copies.
   void sync_compute_copies();

@@ -177,6 +177,11 @@ std::vector<Binding> make_bindings() {
   t.push_back(field("optimizer", "weight_decay", &J::optimizer, &OptimizerSection::weight_decay,
                     "Weight decay to use (decoupled, AdamW)")
                   .at_least(0));
+  t.push_back(field("optimizer", "overlap_next_step", &J::optimizer,
+                    &OptimizerSection::overlap_next_step,
+                    "Run the update on its own stream, one slice per layer, so that the next "
+                    "step starts on the weights already updated while the rest are (CUDA: the "
+                    "two overlap; the result is bitwise the same)"));
   // [lr_scheduler]
   t.push_back(field("lr_scheduler", "warmup_steps", &J::lr_scheduler,
                     &LRSchedulerSection::warmup_steps, "Steps of linear lr warmup")

@@ -107,6 +107,9 @@ struct OptimizerSection {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+  // meshtrain's: run the update on its own stream, layer by layer, so that the next step's
+  // forward starts on the weights already updated (optim/optimizer.h). Bitwise the same run.
+  bool overlap_next_step = false;
 };
 
 struct LRSchedulerSection {

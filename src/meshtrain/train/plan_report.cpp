@@ -226,7 +226,7 @@ std::string plan_report(const JobConfig& cfg, int world, int rank, bool dump_gra
   if (dump_graph || cfg.job.dump_graph) {
     OptimizerGraph og;
     build_optimizer_graph(og, layout_param_groups(*sg->plan), *sg->plan, adamw_params(cfg, accum),
-                          load_balance_options(*sg->plan, groups));
+                          load_balance_options(*sg->plan, groups), cfg.optimizer.overlap_next_step);
     const MemoryPlan omp = plan_memory(og.graph, device_type);
     r += '\n';
     r += dump_step_graphs(sg->graph, mp, accum, og.graph, omp);

@@ -20,7 +20,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 StepRecord Trainer::step() {
   StepRecord r{.step = ++step_};
   fault_->begin_step(step_);
-  // Masters written since the last step (a resume, an HF load): their compute copies follow.
+  // Masters written since the last step (a resume, an HF load): their compute copies follow,
+  // after any update still running beside (overlap_next_step) has written its copies.
+  if (store_->copies_stale()) optimizer_->join(backend_->stream(0));
   store_->sync_compute_copies();
   observers_.before_step(step_);
   zero_step_loss();
@@ -40,9 +42,17 @@ StepRecord Trainer::step() {
   r.grad_norm = optimizer_->last_grad_norm();
   r.skipped = fault_->after_optimizer(step_, r.total_loss, r.grad_norm, *checkpointer_);
   if (r.skipped) --optimizer_offset_;
+  // Under [optimizer] overlap_next_step only the next step's graph runs beside the update (it
+  // waits slice by slice); anything else that reads the weights or the state orders after it all.
+  if (optimizer_->overlaps() && !update_may_overlap(step_)) optimizer_->join(backend_->stream(0));
   observers_.after_step(r);
   checkpointer_->after_step(step_, step_ + optimizer_offset_, step_ + lr_offset_, r.lr);
   return r;
+}
+
+bool Trainer::update_may_overlap(int64_t step) const {
+  return in_train_loop_ && step < cfg_.training.steps && cfg_.debug.dump_step <= 0 &&
+         !(validator_ && validator_->due(step)) && !checkpointer_->saves_at(step);
 }
 
 void Trainer::zero_step_loss() {
@@ -84,6 +94,7 @@ std::vector<MoeLayerLoad> Trainer::moe_load() {
   const auto& layers = plan_->load_balance_layers();
   if (layers.empty()) return out;
   Stream& s = backend_->stream(0);
+  optimizer_->join_state(s);  // the counts are the update's (it may still run on its stream)
   size_t offset = 0;
   for (const LoadBalanceLayer& l : layers) {
     Tensor t = store_->master(l.last_load);
@@ -138,6 +149,7 @@ std::vector<StepRecord> Trainer::train() {
   const int64_t log_freq = std::max<int64_t>(1, cfg_.metrics.log_freq);
   auto t_last = std::chrono::steady_clock::now();
   int64_t steps_since = 0;
+  in_train_loop_ = true;
   while (step_ < cfg_.training.steps) {
     bool log_now =
         (step_ + 1) % log_freq == 0 || step_ == resumed_.step || step_ + 1 == cfg_.training.steps;
@@ -158,11 +170,14 @@ std::vector<StepRecord> Trainer::train() {
     }
     if (fault_->stop_agreed()) {
       // Every rank stops after this same step: save it (unless it was just saved), then exit.
+      optimizer_->join(backend_->stream(0));
       interrupted_ = fault_->stop_signal();
       checkpointer_->save_now(step_, step_ + optimizer_offset_, step_ + lr_offset_, r.lr);
       break;
     }
   }
+  in_train_loop_ = false;
+  optimizer_->join(backend_->stream(0));
   backend_->synchronize();
   checkpointer_->wait();
   if (interrupted_ != 0) {

@@ -131,6 +131,11 @@ class Trainer {
   // Optimizer (AdamW bias correction) and LR-schedule positions minus step_: 0 unless a resume
   // left a part fresh ([checkpoint] exclude_from_loading, model-only loads).
   int64_t optimizer_offset_ = 0, lr_offset_ = 0;
+  // Whether step `step`'s update may still run when step() returns (overlap_next_step): only
+  // inside train(), with nothing but the next step after it (no validation, save, dump).
+  bool update_may_overlap(int64_t step) const;
+  bool in_train_loop_ = false;
+  int overlap_waits_ = 0;  // the step graph's waits on the update's slices (startup log)
   ModelCounts counts_;
   ReshardStats reshard_;
   CheckpointStats checkpoint_;

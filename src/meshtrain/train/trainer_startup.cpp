@@ -190,7 +190,9 @@ void Trainer::bind_executor() {
 void Trainer::make_optimizer() {
   const LoadBalanceOptions lb = load_balance_options(*plan_, *layout_);
   optimizer_ = std::make_unique<Optimizer>(*store_, adamw_params(cfg_, accum_steps_), *backend_,
-                                           services_.get(), lb);
+                                           services_.get(), lb, cfg_.optimizer.overlap_next_step);
+  if (optimizer_->overlaps())
+    overlap_waits_ = exec_->wait_for_external_writes(optimizer_->writes());
   int64_t load_elems = 0;
   for (const LoadBalanceLayer& l : lb.layers) load_elems += l.num_experts;
   if (load_elems > 0)
@@ -344,6 +346,11 @@ void Trainer::log_startup() const {
       cfg_.optimizer.weight_decay, cfg_.training.max_norm, cfg_.lr_scheduler.warmup_steps,
       lr_decay_name(cfg_.lr_scheduler.decay_type), cfg_.lr_scheduler.min_lr_factor,
       cfg_.training.steps);
+  if (optimizer_->overlaps())
+    log_info(
+        "optimizer: overlaps the next step: {} AdamW slices on stream {}, the step graph "
+        "waits for them at {} nodes",
+        optimizer_->num_slices(), kOptimizerStream, overlap_waits_);
   if (validator_) log_info("validation: {}", validator_->description());
   log_info("dump folder: {}", dump_folder());
   if (const TensorBoardWriter* tb = metrics_->tensorboard())

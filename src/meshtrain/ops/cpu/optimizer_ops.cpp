@@ -56,9 +56,13 @@ MT_REGISTER_OPS {
   });
   add_cpu_kernel("adamw_update", [](KernelContext& c) {
     const Attrs& a = c.attrs();
+    const ops::ElementRange r = ops::adamw_range(a, c.in[0].numel());
+    const size_t elem = dtype_size(c.in[0].dtype());
     const double norm_sq = in_ptr<double>(c, 4)[0];
     if (!std::isfinite(norm_sq)) {
-      if (a.b("reset_grad", true)) std::memset(c.in[1].raw(), 0, c.in[1].nbytes());
+      if (a.b("reset_grad", true))
+        std::memset(static_cast<char*>(c.in[1].raw()) + size_t(r.begin) * elem, 0,
+                    size_t(r.count) * elem);
       return;
     }
     double norm = std::sqrt(norm_sq);
@@ -67,15 +71,17 @@ MT_REGISTER_OPS {
     double clip = ops::clip_coefficient(norm, a.f("max_norm"));
     MT_DISPATCH_FLOAT(c.in[0].dtype(), "adamw_update", [&] {
       auto run = [&](auto* copy) {
-        adamw(inout_ptr<scalar_t>(c, 0), inout_ptr<scalar_t>(c, 1), inout_ptr<scalar_t>(c, 2),
-              inout_ptr<scalar_t>(c, 3), copy, c.in[0].numel(), lr, a.f("beta1"), a.f("beta2"),
-              a.f("eps"), a.f("weight_decay"), clip, step, a.b("reset_grad", true));
+        const int64_t o = r.begin;
+        adamw(inout_ptr<scalar_t>(c, 0) + o, inout_ptr<scalar_t>(c, 1) + o,
+              inout_ptr<scalar_t>(c, 2) + o, inout_ptr<scalar_t>(c, 3) + o, copy, r.count, lr,
+              a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"), clip, step,
+              a.b("reset_grad", true));
       };
       if (c.in.size() < 6) return run(static_cast<void*>(nullptr));
       switch (c.in[5].dtype()) {
-        case DType::kF32: return run(static_cast<float*>(c.in[5].raw()));
-        case DType::kF64: return run(static_cast<double*>(c.in[5].raw()));
-        case DType::kBF16: return run(static_cast<BFloat16*>(c.in[5].raw()));
+        case DType::kF32: return run(static_cast<float*>(c.in[5].raw()) + r.begin);
+        case DType::kF64: return run(static_cast<double*>(c.in[5].raw()) + r.begin);
+        case DType::kBF16: return run(static_cast<BFloat16*>(c.in[5].raw()) + r.begin);
         default:
           MT_THROW(ValueError, "adamw_update: the compute copy must be a float dtype, found {}",
                    c.in[5].dtype());

@@ -9,6 +9,7 @@
 #include "meshtrain/ops/cuda/cuda_kernel.h"
 #include "meshtrain/ops/cuda/elementwise_loop.cuh"
 #include "meshtrain/ops/cuda/reduce.cuh"
+#include "meshtrain/ops/optimizer_ops.h"
 
 namespace meshtrain::cuda {
 namespace {
@@ -83,18 +84,19 @@ void launch_adamw(int64_t n, cudaStream_t s, const AdamWOp<T, kResetGrad>& op, T
   launch_elementwise("adamw_update", n, s, op, InOut<T>{p}, g, InOut<T>{m}, InOut<T>{v}, copy...);
 }
 
+// `o`: the slice's first element (p, g, m and v already point at it; the copy does not).
 template <typename T, bool kResetGrad, typename G>
-void adamw_with_copy(KernelContext& c, int64_t n, cudaStream_t s, const AdamWOp<T, kResetGrad>& op,
-                     T* p, const G& g, T* m, T* v) {
+void adamw_with_copy(KernelContext& c, int64_t o, int64_t n, cudaStream_t s,
+                     const AdamWOp<T, kResetGrad>& op, T* p, const G& g, T* m, T* v) {
   if (c.in.size() < 6) return launch_adamw(n, s, op, p, g, m, v);
   void* copy = c.in[5].raw();
   switch (c.in[5].dtype()) {
     case DType::kBF16:
-      return launch_adamw(n, s, op, p, g, m, v, Out<bf16>{static_cast<bf16*>(copy)});
+      return launch_adamw(n, s, op, p, g, m, v, Out<bf16>{static_cast<bf16*>(copy) + o});
     case DType::kF32:
-      return launch_adamw(n, s, op, p, g, m, v, Out<float>{static_cast<float*>(copy)});
+      return launch_adamw(n, s, op, p, g, m, v, Out<float>{static_cast<float*>(copy) + o});
     case DType::kF64:
-      return launch_adamw(n, s, op, p, g, m, v, Out<double>{static_cast<double*>(copy)});
+      return launch_adamw(n, s, op, p, g, m, v, Out<double>{static_cast<double*>(copy) + o});
     default:
       MT_THROW(ValueError, "adamw_update (cuda): the compute copy must be a float dtype, found {}",
                c.in[5].dtype());
@@ -104,7 +106,8 @@ void adamw_with_copy(KernelContext& c, int64_t n, cudaStream_t s, const AdamWOp<
 template <typename T>
 void adamw(KernelContext& c) {
   const Attrs& at = c.attrs();
-  const int64_t n = c.in[0].numel();
+  const ops::ElementRange r = ops::adamw_range(at, c.in[0].numel());
+  const int64_t o = r.begin, n = r.count;
   if (n == 0) return;
   const double lr = c.scalar("lr_slot");
   const int64_t step = int64_t(c.scalar("step_slot"));
@@ -120,16 +123,16 @@ void adamw(KernelContext& c) {
                  T(1.0 / bc2_sqrt),
                  at.f("max_norm"),
                  at.b("reset_grad", true)};
-  T* p = inout_ptr<T>(c, 0);
-  T* g = inout_ptr<T>(c, 1);
-  T* m = inout_ptr<T>(c, 2);
-  T* v = inout_ptr<T>(c, 3);
+  T* p = inout_ptr<T>(c, 0) + o;
+  T* g = inout_ptr<T>(c, 1) + o;
+  T* m = inout_ptr<T>(c, 2) + o;
+  T* v = inout_ptr<T>(c, 3) + o;
   const double* norm_sq = in_ptr<double>(c, 4);
   const cudaStream_t s = stream_of(c);
   if (a.reset_grad)
-    adamw_with_copy(c, n, s, AdamWOp<T, true>{norm_sq, a}, p, InOut<T>{g}, m, v);
+    adamw_with_copy(c, o, n, s, AdamWOp<T, true>{norm_sq, a}, p, InOut<T>{g}, m, v);
   else
-    adamw_with_copy(c, n, s, AdamWOp<T, false>{norm_sq, a}, p, In<T>{g}, m, v);
+    adamw_with_copy(c, o, n, s, AdamWOp<T, false>{norm_sq, a}, p, In<T>{g}, m, v);
 }
 
 MT_REGISTER_OPS {
