@@ -9,8 +9,10 @@
 // expert). bench/kernels/grouped_mm_torch.py times torch._grouped_mm on the same distributions.
 //
 //   build/bench/kernels/bench_grouped_gemm [--iters 50] [--warmup 5] [--tsv FILE] [--counts]
+//                                          [--variants 0,1,...]  (the Hopper variants timed)
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -41,6 +43,7 @@ struct Options {
   int iters = 50, warmup = 5;
   std::string tsv;
   bool counts_only = false;
+  std::vector<int> variants;  // the Hopper variants to time directly (empty: all)
 };
 
 struct Distribution {
@@ -90,9 +93,17 @@ Options parse(int argc, char** argv) {
       o.tsv = value();
     else if (a == "--counts")
       o.counts_only = true;
-    else {
+    else if (a == "--variants") {  // comma-separated numbers (GroupedSm90Variant)
+      const std::string list = value();
+      for (size_t at = 0; at < list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        o.variants.push_back(std::atoi(list.substr(at, comma - at).c_str()));
+        at = comma + 1;
+      }
+    } else {
       std::fprintf(stderr,
-                   "usage: bench_grouped_gemm [--iters N] [--warmup N] [--tsv FILE] [--counts]\n");
+                   "usage: bench_grouped_gemm [--iters N] [--warmup N] [--tsv FILE] [--counts] "
+                   "[--variants 0,1,...]\n");
       std::exit(a == "--help" || a == "-h" ? 0 : 2);
     }
   }
@@ -330,6 +341,9 @@ int main(int argc, char** argv) try {
     // Every tile variant of the Hopper kernel, called directly (no op around it).
     for (const Product& pr : products(gg))
       for (int v = 0; v < cuda::grouped_gemm_sm90_num_variants(); ++v) {
+        if (!o.variants.empty() &&
+            std::find(o.variants.begin(), o.variants.end(), v) == o.variants.end())
+          continue;
         Row r{d.name, pr.name, std::string("sm90 ") + cuda::grouped_gemm_sm90_variant_name(v),
               flop,   0,       -1,
               -1,     0};

@@ -30,18 +30,33 @@ TEST(OptimizerOverlap, ParamLayerIsTheFirstNameComponentOrLayersN) {
   EXPECT_EQ(param_layer("layers.x1.w"), "layers");
 }
 
+// The one-rank step graph of a DeepSeek-V3 flavor (planned only: nothing allocated), its param
+// groups, and optimizer graphs built from them.
+struct Planned {
+  std::unique_ptr<RankGroups> groups;
+  std::unique_ptr<StepGraph> sg;
+  std::vector<ParamGroup> pg;
+  explicit Planned(const std::string& flavor, int n_layers) {
+    JobConfig cfg = testing::tiny_job({"--model.name", "deepseek_v3", "--model.flavor", flavor,
+                                       "--model.n_layers", std::to_string(n_layers)});
+    groups = std::make_unique<RankGroups>(MeshLayout(parallel_dims_of(cfg, 1)), 0);
+    sg = build_step_graph(cfg, groups.get(), StepGraphOptions{.tokenizer_vocab = 258});
+    pg = layout_param_groups(*sg->plan);
+  }
+  void optimizer(OptimizerGraph& og, bool by_layer) const {
+    build_optimizer_graph(og, pg, *sg->plan, ops::AdamWParams{},
+                          {.layers = sg->plan->load_balance_layers()}, by_layer);
+  }
+};
+
 TEST(OptimizerOverlap, SlicesCoverEachGroupOnceInLayerOrderAtAlignedStarts) {
-  JobConfig cfg = testing::tiny_job(
-      {"--model.name", "deepseek_v3", "--model.flavor", "debugmodel", "--model.n_layers", "3"});
-  RankGroups groups(MeshLayout(parallel_dims_of(cfg, 1)), 0);
-  std::unique_ptr<StepGraph> sg =
-      build_step_graph(cfg, &groups, StepGraphOptions{.tokenizer_vocab = 258});
-  const std::vector<ParamGroup> pg = layout_param_groups(*sg->plan);
+  const Planned planned("debugmodel", 3);
+  const std::vector<ParamGroup>& pg = planned.pg;
+  const StepGraph* sg = planned.sg.get();
   for (bool by_layer : {false, true}) {
     SCOPED_TRACE(by_layer ? "by layer" : "whole groups");
     OptimizerGraph og;
-    build_optimizer_graph(og, pg, *sg->plan, ops::AdamWParams{},
-                          {.layers = sg->plan->load_balance_layers()}, by_layer);
+    planned.optimizer(og, by_layer);
     EXPECT_EQ(og.state_nodes.empty(), sg->plan->load_balance_layers().empty());
     std::vector<int64_t> covered(pg.size(), 0);
     std::vector<std::string> names;
@@ -72,6 +87,25 @@ TEST(OptimizerOverlap, SlicesCoverEachGroupOnceInLayerOrderAtAlignedStarts) {
       EXPECT_NE(std::find(names.begin(), names.end(), "layers." + std::to_string(l)), names.end())
           << "layers." << l;
   }
+}
+
+// At the 16B shapes (planned only, nothing allocated) a MoE layer's expert weights are slices of
+// their own: the layer's first nodes wait for its attention weights, not for its experts.
+TEST(OptimizerOverlap, LargeLayersSplitAtParameterBoundaries) {
+  const Planned planned("16B", 2);
+  const std::vector<ParamGroup>& pg = planned.pg;
+  OptimizerGraph og;
+  planned.optimizer(og, true);
+  int moe_parts = 0;
+  for (const OptimizerGraph::Slice& s : og.slices) {
+    moe_parts += s.name.rfind("layers.1.part", 0) == 0;
+    // Every slice begins at a parameter (rounded down to 64 elements).
+    bool at_param = false;
+    for (size_t i = 0; i < pg[s.group].params.size(); ++i)
+      at_param |= pg[s.group].offsets[i] / 64 * 64 == s.begin;
+    EXPECT_TRUE(at_param) << s.name << " begins at " << s.begin;
+  }
+  EXPECT_GE(moe_parts, 3) << "the MoE layer's w1, w2 and w3 each a slice";
 }
 
 TEST(OptimizerOverlap, StepGraphWaitsOncePerStreamAtTheFirstTouch) {

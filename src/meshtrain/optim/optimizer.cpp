@@ -28,9 +28,13 @@ namespace {
 // Slice starts are rounded down to this many elements, so every slice's pointers keep the
 // alignment of the flat buffers (the CUDA element-wise loop's 16-byte vectors).
 constexpr int64_t kSliceAlign = 64;
+// A layer's slice ends at the next parameter once it holds this many elements (a MoE layer's
+// expert weights, ~185 M elements each at 16B, become slices of their own), so that the next
+// step's first nodes of a layer wait for its first parameters only.
+constexpr int64_t kSliceSplitElements = int64_t(32) << 20;
 
-// Group g's AdamW slices: one per run of consecutive parameters (by offset) of one layer, the
-// whole group covered; or the whole group as one slice.
+// Group g's AdamW slices: one per run of consecutive parameters (by offset) of one layer, split
+// where it passes kSliceSplitElements, the whole group covered; or the whole group as one slice.
 std::vector<OptimizerGraph::Slice> group_slices(size_t gi, const ParamGroup& g,
                                                 const ParallelPlan& plan, bool by_layer) {
   const int64_t numel = std::max<int64_t>(g.numel, 1);
@@ -40,11 +44,17 @@ std::vector<OptimizerGraph::Slice> group_slices(size_t gi, const ParamGroup& g,
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return g.offsets[a] < g.offsets[b]; });
   std::vector<OptimizerGraph::Slice> out;
+  std::string layer_of_last;
+  int parts = 0;  // slices of the current layer so far
   for (size_t i : order) {
     const std::string layer = param_layer(plan.params()[g.params[i]].name);
     const int64_t start = out.empty() ? 0 : g.offsets[i] / kSliceAlign * kSliceAlign;
-    if (!out.empty() && (out.back().name == layer || start <= out.back().begin)) continue;
-    out.push_back({gi, start, 0, layer, -1});
+    if (!out.empty() && start <= out.back().begin) continue;
+    const bool same = !out.empty() && layer == layer_of_last;
+    if (same && start - out.back().begin < kSliceSplitElements) continue;
+    parts = same ? parts + 1 : 1;
+    layer_of_last = layer;
+    out.push_back({gi, start, 0, parts == 1 ? layer : layer + ".part" + std::to_string(parts), -1});
   }
   for (size_t s = 0; s < out.size(); ++s)
     out[s].count = (s + 1 < out.size() ? out[s + 1].begin : numel) - out[s].begin;

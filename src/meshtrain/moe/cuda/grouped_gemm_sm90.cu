@@ -42,14 +42,18 @@ constexpr uint32_t kConsumerWarps = 8;
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr uint32_t kBlockBytes = 64 * 128;  // one [64 rows][64 bf16] swizzled block
 
-template <int BM, int BN, int STAGES>
+template <int BM, int BN, int STAGES, bool TS>
 struct Cfg {
   static_assert(BN == 128 || BN == 256, "wgmma n128 or n256 per consumer warpgroup");
   static_assert(BM == 128 || BM == 256, "one or two m64 halves per consumer warpgroup");
   static constexpr uint32_t kABytes = BM * kBK * 2;  // 16 or 32 KiB
   static constexpr uint32_t kBBytes = BN * kBK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
-  static constexpr uint32_t kTablesOff = STAGES * kStageBytes;
+  // TS: the output tile's staging for its TMA store (bf16, one 64-row half per consumer
+  // warpgroup, in 64-column swizzled blocks), after the ring.
+  static constexpr uint32_t kOutOff = STAGES * kStageBytes;
+  static constexpr uint32_t kOutHalfBytes = 64 * BN * 2;
+  static constexpr uint32_t kTablesOff = kOutOff + (TS ? BM * BN * 2 : 0);
   // tile_end[kMaxE] (inclusive prefix of tiles), start[kMaxE], count[kMaxE]
   static constexpr uint32_t kBarOff = kTablesOff + 3 * kMaxE * 4;
   static constexpr size_t kSmem = kBarOff + 2 * STAGES * 8 + 1024;  // + alignment slack
@@ -58,6 +62,7 @@ struct Cfg {
 
 struct Params {
   CUtensorMap tm_a, tm_b;
+  CUtensorMap tm_y;  // forward and dgrad under a TMA-store variant: y [rows, n], 64 x 64 boxes
   void* out;
   const int32_t* groups;
   int experts, rows;  // rows: the row count of x / a / b (groups are clipped to it)
@@ -76,12 +81,16 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
 // epilogue runs under the other's MMAs. CL 2: clusters of two CTAs take row tiles 2u and 2u + 1
 // of one (expert, column tile) and share its B tile: each loads half of it, multicast into both,
 // so every stage frees only when the consumers of both CTAs have released it (remote arrivals).
-template <Form F, int BM, int BN, int STAGES, bool PING, int CL>
+// TS: the forward's and dgrad's whole 64-row halves leave through shared memory (stmatrix) and a
+// TMA store that runs under the next tile's main loop; a half that reaches past its expert's
+// rows is stored from registers (the TMA box cannot stop at the expert's last row).
+template <Form F, int BM, int BN, int STAGES, bool PING, int CL, bool TS>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ Params p) {
   static_assert(CL == 1 || (CL == 2 && !PING), "2-CTA clusters with the cooperative consumers");
   static_assert(BM == 128 || !PING, "pingpong: one 128-row tile per warpgroup");
-  using C = Cfg<BM, BN, STAGES>;
+  static_assert(!TS || (BM == 128 && !PING), "TMA-store epilogue: cooperative 128-row tiles");
+  using C = Cfg<BM, BN, STAGES, TS>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   int* tile_end = reinterpret_cast<int*>(smem_raw + (base + C::kTablesOff - smem_u32(smem_raw)));
@@ -356,6 +365,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else {
       const int64_t n = p.n_ext;
+      if constexpr (TS) {
+        const int rows0 = mt * BM + 64 * w;  // this warpgroup's first row in the expert
+        if (rows0 + 64 <= count) {
+          const uint32_t stage_out = base + C::kOutOff + w * C::kOutHalfBytes;
+          if (t_in == 0) tma_store_wait_read();  // the previous tile's store has read it
+          named_bar_sync(2 + w, 128);
+          const int warp = t_in >> 5, mat = lane >> 3, mrow = lane & 7;
+          const int srow = 16 * warp + 8 * (mat & 1) + mrow;  // the row this lane addresses
+#pragma unroll
+          for (int c = 0; c < BN / 8; c += 2)
+            stmatrix_x4(stage_out + sw128_offset(64, srow, 8 * (c + (mat >> 1))),
+                        pack_bf16x2(acc[0][4 * c], acc[0][4 * c + 1]),
+                        pack_bf16x2(acc[0][4 * c + 2], acc[0][4 * c + 3]),
+                        pack_bf16x2(acc[0][4 * c + 4], acc[0][4 * c + 5]),
+                        pack_bf16x2(acc[0][4 * c + 6], acc[0][4 * c + 7]));
+          fence_proxy_async_smem();
+          named_bar_sync(2 + w, 128);
+          if (t_in == 0) {
+#pragma unroll
+            for (int blk = 0; blk < BN / 64; ++blk)
+              tma_store_2d(&p.tm_y, stage_out + blk * 64 * 128, nt * BN + 64 * blk,
+                           g_start[e] + rows0);
+            tma_store_commit();
+          }
+          continue;
+        }
+      }
 #pragma unroll
       for (int hr = 0; hr < 2 * kHalves; ++hr) {
         const int h = hr >> 1, r = hr & 1;
@@ -372,6 +408,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  // The staging stays allocated until the last TMA store has read it and written global memory.
+  if constexpr (TS)
+    if (t_in == 0) tma_store_wait_all();
 }
 
 // ---- host ---------------------------------------------------------------------------------------
@@ -447,10 +486,12 @@ int max_active_clusters(int cl, size_t smem, int sms) {
   return n;
 }
 
-template <Form F, int BM, int BN, int STAGES, bool PING = false, int CL = 1>
+template <Form F, int BM, int BN, int STAGES, bool PING = false, int CL = 1, bool TS = false>
 void launch(const Params& p, int64_t max_tiles, int sms, cudaStream_t stream) {
-  using Cf = Cfg<BM, BN, STAGES>;
-  constexpr auto kernel = grouped_gemm_kernel<F, BM, BN, STAGES, PING, CL>;
+  // The weight gradient keeps its register epilogue (fp32, += : no bf16 staging).
+  constexpr bool kTs = TS && F != Form::kWgrad;
+  using Cf = Cfg<BM, BN, STAGES, kTs>;
+  constexpr auto kernel = grouped_gemm_kernel<F, BM, BN, STAGES, PING, CL, kTs>;
   attn::set_smem_limit_once<kernel>(Cf::kSmem);
   if constexpr (CL == 1) {
     const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sms, max_tiles)));
@@ -472,20 +513,22 @@ void launch(const Params& p, int64_t max_tiles, int sms, cudaStream_t stream) {
 struct Variant {
   const char* name;
   int bm, bn, cl;  // tile rows and columns; CTAs per cluster
+  bool tma_store;  // the forward's and dgrad's whole halves leave by TMA store (tm_y)
   void (*fwd)(const Params&, int64_t, int, cudaStream_t);
   void (*dgrad)(const Params&, int64_t, int, cudaStream_t);
   void (*wgrad)(const Params&, int64_t, int, cudaStream_t);
 };
 // In the order of GroupedSm90Variant (grouped_gemm_sm90.h), which says what each is chosen for.
-template <int BM, int BN, int STAGES, bool PING = false, int CL = 1>
+template <int BM, int BN, int STAGES, bool PING = false, int CL = 1, bool TS = false>
 constexpr Variant variant(const char* name) {
   return {name,
           BM,
           BN,
           CL,
-          &launch<Form::kForward, BM, BN, STAGES, PING, CL>,
-          &launch<Form::kDgrad, BM, BN, STAGES, PING, CL>,
-          &launch<Form::kWgrad, BM, BN, STAGES, PING, CL>};
+          TS,
+          &launch<Form::kForward, BM, BN, STAGES, PING, CL, TS>,
+          &launch<Form::kDgrad, BM, BN, STAGES, PING, CL, TS>,
+          &launch<Form::kWgrad, BM, BN, STAGES, PING, CL, TS>};
 }
 constexpr Variant kVariants[] = {
     variant<128, 256, 4>("128x256 tiles, 4 stages"),
@@ -493,6 +536,7 @@ constexpr Variant kVariants[] = {
     variant<128, 128, 6, true>("128x128 tiles, 6 stages, pingpong"),
     variant<128, 256, 4, false, 2>("128x256 tiles, 4 stages, 2-CTA clusters"),
     variant<256, 128, 4>("256x128 tiles, 4 stages"),
+    variant<128, 256, 3, false, 1, true>("128x256 tiles, 3 stages, TMA-store epilogue"),
 };
 static_assert(sizeof(kVariants) / sizeof(kVariants[0]) == kGroupedSm90NumVariants);
 constexpr int kNumVariants = kGroupedSm90NumVariants;
@@ -528,6 +572,7 @@ bool grouped_gemm_sm90(const GroupedGemmSm90& g, cudaStream_t stream, int varian
     encode(&p.tm_b, g.w, k_for_map, g.n, g.experts, uint32_t(v.bn / v.cl), "w [E, n, k]");
   else
     encode(&p.tm_b, g.w, g.n, std::max<int64_t>(g.k, 1), g.experts, 64, "w [E, k, n]");
+  if (v.tma_store) encode(&p.tm_y, g.y, g.n, g.rows, 1, 64, "y");
   p.out = g.y;
   p.groups = g.groups;
   p.experts = int(g.experts);

@@ -26,7 +26,9 @@ enum GroupedSm90Variant : int {
   kGroupedSm90Pingpong = 2,     // 128x128 tiles, 6 stages, each warpgroup on its own tile in turn
   kGroupedSm90WideCluster = 3,  // 128x256 in 2-CTA clusters sharing B (multicast), not yet timed
   kGroupedSm90Tall = 4,  // 256x128 tiles, 4 stages (1,408 columns in whole tiles), not yet timed
-  kGroupedSm90NumVariants = 5,
+  kGroupedSm90TmaStore =
+      5,  // 128x256, 3 stages, fwd/dgrad out by stmatrix + TMA store, not yet timed
+  kGroupedSm90NumVariants = 6,
 };
 // The weight gradient's variant for a mean of `rows_per_expert` rows (K) per expert: pingpong up
 // to this mean (measured at 384), 128x256 above (measured at 1,536).
