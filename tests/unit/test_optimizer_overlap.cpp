@@ -3,6 +3,7 @@
 // stream at the first node that touches an external write only; and training with the overlap
 // bitwise equal to training without it (losses, norms, every master weight, the moments and the
 // load-balancing state), with one micro-batch and with gradient accumulation (the gradient reset).
+// Layouts whose update has collectives: the dist_parity_overlap_* runs (tests/dist).
 // CPU streams run in order, so here the overlap checks the slicing and the plumbing; the GPU suite
 // (CudaTraining) checks the same equality where the update really runs beside the next step.
 #include <gtest/gtest.h>
@@ -36,10 +37,12 @@ struct Planned {
   std::unique_ptr<RankGroups> groups;
   std::unique_ptr<StepGraph> sg;
   std::vector<ParamGroup> pg;
-  explicit Planned(const std::string& flavor, int n_layers) {
-    JobConfig cfg = testing::tiny_job({"--model.name", "deepseek_v3", "--model.flavor", flavor,
-                                       "--model.n_layers", std::to_string(n_layers)});
-    groups = std::make_unique<RankGroups>(MeshLayout(parallel_dims_of(cfg, 1)), 0);
+  explicit Planned(const std::string& flavor, int n_layers, int world = 1) {
+    JobConfig cfg =
+        testing::tiny_job({"--model.name", "deepseek_v3", "--model.flavor", flavor,
+                           "--model.n_layers", std::to_string(n_layers),
+                           "--parallelism.data_parallel_shard_degree", std::to_string(world)});
+    groups = std::make_unique<RankGroups>(MeshLayout(parallel_dims_of(cfg, world)), 0);
     sg = build_step_graph(cfg, groups.get(), StepGraphOptions{.tokenizer_vocab = 258});
     pg = layout_param_groups(*sg->plan);
   }

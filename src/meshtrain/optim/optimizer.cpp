@@ -136,17 +136,6 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
       overlap_(overlap_next_step),
       stream_(overlap_next_step ? kOptimizerStream : 0) {
   build_optimizer_graph(og_, store.groups(), store.plan(), params, lb, overlap_);
-  if (overlap_)
-    for (NodeId n = 0; n < og_.graph.num_nodes(); ++n) {
-      const Node& node = og_.graph.node(n);
-      // An all-reduce of the update beside the next step's collectives on the same communicator
-      // could interleave differently on different ranks.
-      MT_CHECK_T(ConfigError, !OpRegistry::instance().op(node.op).is_collective(),
-                 "[optimizer] overlap_next_step: the update has a collective ({} at '{}'), so it "
-                 "cannot run beside the next step; it is for layouts whose optimizer needs none "
-                 "(one rank); set overlap_next_step = false",
-                 node.op, node.scope);
-    }
   exec_ = std::make_unique<Executor>(og_.graph, plan_memory(og_.graph, backend.device().type),
                                      backend, services);
   exec_->set_main_stream(stream_);
@@ -160,6 +149,18 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
                   s);
     norm_ready_->record(s);
   });
+  if (overlap_) {
+    // The update's collectives (the norm's and the load counts' all-reduces, early in its
+    // schedule) must be over before the next step enqueues its own on the same communicators,
+    // or ranks could interleave the two differently: step() waits for the last of them.
+    NodeId last = -1;
+    for (NodeId n : exec_->plan().schedule)
+      if (OpRegistry::instance().op(og_.graph.node(n).op).is_collective()) last = n;
+    if (last >= 0) {
+      collectives_done_ = backend.create_event(false);
+      exec_->after_node(last, [this](Stream& s) { collectives_done_->record(s); });
+    }
+  }
   if (!og_.state_nodes.empty()) {
     // After the load-balancing node the schedule runs last.
     const std::vector<NodeId>& order = exec_->plan().schedule;
@@ -199,6 +200,8 @@ void Optimizer::step(int64_t step, double lr) {
   exec_->set_scalar(og_.step_slot, double(step));
   exec_->run();
   done_->record(update);
+  // Host sync (overlap with collectives in the update): see the constructor.
+  if (collectives_done_) collectives_done_->synchronize();
 }
 
 double Optimizer::last_grad_norm() {

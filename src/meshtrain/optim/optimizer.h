@@ -11,7 +11,10 @@
 // starts as soon as the embedding is updated and runs beside the rest of the update. The host reads
 // the norm after the norm's nodes only, and whatever else reads the weights or the optimizer state
 // between steps (validation, checkpoints, the load counts) first joins the update (join, or
-// join_state for the load counts). Every element's arithmetic is the same: a bitwise equal run.
+// join_state for the load counts). The update's own collectives (the norm's and the load counts'
+// all-reduces) come first in its schedule, and the host waits for them before it enqueues the
+// next step's on the same communicators. Every element's arithmetic is the same: a bitwise equal
+// run.
 #pragma once
 
 #include <memory>
@@ -102,6 +105,7 @@ class Optimizer {
   std::unique_ptr<Executor> exec_;
   Tensor host_norm_;
   std::unique_ptr<Event> grads_ready_, norm_ready_, state_ready_, done_;
+  std::unique_ptr<Event> collectives_done_;  // overlap_next_step with collectives in the update
   std::vector<std::unique_ptr<Event>> slice_done_;  // by og_.slices
 };
 

@@ -10,7 +10,8 @@
 // --compare-copies runs it with [training] compute_weight_copies false (every micro-batch casts
 // the masters) and true (the forward reads compute copies the optimizer writes) and requires the
 // same, for a mixed-precision layout (float64 masters with float32 compute on the CPU, bf16 on
-// CUDA).
+// CUDA); --compare-overlap runs it through Trainer::train() with [optimizer] overlap_next_step
+// false and true and requires the same.
 // On CUDA (--job.device cuda) the trainers run over the nccl world and the comparisons over MPI;
 // --precisions float32,bfloat16 runs the check once per compute dtype (bf16: every step within
 // --bf16-tol, the mean loss difference within --bf16-mean-tol, parameters within --bf16-tol), and
@@ -46,6 +47,7 @@ struct Options {
   bool expect_overflow = false;         // the layout's expert exchanges must exceed their plan
   bool compare_passes = false;
   bool compare_copies = false;
+  bool compare_overlap = false;
   // "none", "some" or "all": how many steps the padded expert exchange must redo synced; "any":
   // reported only (empty: neither).
   std::string expect_replays;
@@ -88,6 +90,8 @@ Options parse(int argc, char** argv) {
       o.compare_passes = true;
     else if (a == "--compare-copies")
       o.compare_copies = true;
+    else if (a == "--compare-overlap")
+      o.compare_overlap = true;
     else if (a == "--expect-replays")
       o.expect_replays = argv[++i];
     else
@@ -239,18 +243,36 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
   return f;
 }
 
-// Runs `a` and `b` on all ranks; returns the steps whose loss or gradient norm differ in any bit.
+// The logged steps of Trainer::train() (every step: the configs log each one) as a RunResult.
+RunResult run_train_loop(Trainer& t) {
+  RunResult r;
+  for (const StepRecord& rec : t.train()) {
+    r.loss.push_back(rec.loss);
+    r.grad_norm.push_back(rec.grad_norm);
+    r.mtp_loss.push_back(rec.mtp_losses);
+  }
+  return r;
+}
+
+// Runs `a` and `b` on all ranks (step by step, or through train() when `train_loop`); returns the
+// steps whose loss or gradient norm differ in any bit.
 int compare_bitwise(const Options& o, Communicator& world, const LaunchInfo& launch,
                     const JobConfig& a_cfg, const JobConfig& b_cfg, const char* a_name,
-                    const char* b_name) {
+                    const char* b_name, bool train_loop = false) {
   RunResult a, b;
   {
     Trainer t(a_cfg, world, launch);
-    a = run(t, o.steps);
+    a = train_loop ? run_train_loop(t) : run(t, o.steps);
   }
   {
     Trainer t(b_cfg, world, launch);
-    b = run(t, o.steps);
+    b = train_loop ? run_train_loop(t) : run(t, o.steps);
+  }
+  if (a.loss.size() != size_t(o.steps) || b.loss.size() != size_t(o.steps)) {
+    if (world.rank() == 0)
+      std::printf("%s: %zu steps, %s: %zu steps, expected %d\n", a_name, a.loss.size(), b_name,
+                  b.loss.size(), o.steps);
+    return 1;
   }
   int failures = 0;
   const bool root = world.rank() == 0;
@@ -299,6 +321,12 @@ int main(int argc, char** argv) {
           o, world, rt.launch(), none,
           job(o, {"--compile.graph_passes", "size_bucketing", "--compile.bucket_cap_mb", "1"}),
           "unbucketed", "size_bucketing");
+    } else if (o.compare_overlap) {
+      const std::vector<std::string> logged = {"--metrics.log_freq", "1"};
+      std::vector<std::string> overlapped = logged;
+      overlapped.insert(overlapped.end(), {"--optimizer.overlap_next_step", "true"});
+      failures += compare_bitwise(o, world, rt.launch(), job(o, logged), job(o, overlapped),
+                                  "update in line", "update overlapped", true);
     } else if (o.compare_copies) {
       failures += compare_bitwise(
           o, world, rt.launch(), job(o, {"--training.compute_weight_copies", "false"}),
