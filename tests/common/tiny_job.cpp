@@ -31,18 +31,27 @@ JobConfig tiny_job_config(const TinyJob& job,
   return parse_job_config("", all);
 }
 
+namespace {
+void add_step(RunResult& r, const StepRecord& rec) {
+  r.loss.push_back(rec.loss);
+  r.grad_norm.push_back(rec.grad_norm);
+  r.mtp_loss.push_back(rec.mtp_losses);
+  r.expert_exchanges += rec.expert_exchanges;
+  r.expert_overflows += rec.expert_overflows;
+  r.padded_replays += rec.padded_replayed;
+}
+}  // namespace
+
 RunResult run_steps(Trainer& t, int steps) {
   RunResult r;
-  for (int s = 0; s < steps; ++s) {
-    StepRecord rec = t.step();
-    r.loss.push_back(rec.loss);
-    r.grad_norm.push_back(rec.grad_norm);
-    r.mtp_loss.push_back(rec.mtp_losses);
-    r.expert_exchanges += rec.expert_exchanges;
-    r.expert_overflows += rec.expert_overflows;
-    r.padded_replays += rec.padded_replayed;
-  }
+  for (int s = 0; s < steps; ++s) add_step(r, t.step());
   t.wait_for_checkpoint();
+  return r;
+}
+
+RunResult run_train(Trainer& t) {
+  RunResult r;
+  for (const StepRecord& rec : t.train()) add_step(r, rec);
   return r;
 }
 

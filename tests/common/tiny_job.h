@@ -35,5 +35,7 @@ struct RunResult {
 };
 // `steps` steps, each read back; then waits for a checkpoint save in flight.
 RunResult run_steps(Trainer& t, int steps);
+// Trainer::train() (where the update may overlap the next step): its logged steps.
+RunResult run_train(Trainer& t);
 
 }  // namespace meshtrain::testing

@@ -3,7 +3,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
+#include <thread>
 
 #include "meshtrain/runtime/cuda/cuda_backend.h"
 #include "meshtrain/runtime/cuda/cuda_check.h"
@@ -33,6 +36,17 @@ Tensor to_device(Backend& be, const Tensor& h) {
   be.copy(d.raw(), h.raw(), h.nbytes(), CopyKind::kHostToDevice, be.stream(0));
   be.synchronize();
   return d;
+}
+
+namespace {
+void CUDART_CB sleep_ms(void* ms) {  // the duration travels in the pointer: no lifetime to keep
+  std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(ms)));
+}
+}  // namespace
+
+void hold_stream(Stream& s, int ms) {
+  CUDA_CHECK(cudaLaunchHostFunc(native_stream(s), sleep_ms,
+                                reinterpret_cast<void*>(static_cast<intptr_t>(ms))));
 }
 
 void poison(void* p, size_t bytes, Stream& s) {

@@ -22,6 +22,9 @@ Tensor to_device(Backend& be, const Tensor& host_tensor);
 void poison_arena(const Executor& ex, Stream& s);
 // The same for one device buffer.
 void poison(void* device_ptr, size_t bytes, Stream& s);
+// Holds stream s for `ms` milliseconds from a host function (what is enqueued after it waits), so
+// host waits and ordering bugs become visible.
+void hold_stream(Stream& s, int ms);
 
 // Executor services of a one-rank run: every mesh group is `comm`.
 class OneRankServices final : public ExecServices {

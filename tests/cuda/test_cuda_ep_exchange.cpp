@@ -14,7 +14,6 @@
 #include <cmath>
 #include <numeric>
 #include <random>
-#include <thread>
 
 #include "cuda_test_util.h"
 #include "meshtrain/comm/nccl/nccl_communicator.h"
@@ -36,8 +35,6 @@ struct Result {
   double held_run_ms = 0;      // one run launched behind a host function that sleeps 300 ms
   bool stream_busy_after_held_run = false;
 };
-
-void CUDART_CB sleep_300ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
 
 // T tokens, top-k over E experts, x [T, D] → y [T, N] = Σ_j x_t · w[e_tj]ᵀ through the exchange.
 Result run_exchange(double capacity_factor, bool all_to_one, bool padded = false) {
@@ -100,7 +97,7 @@ Result run_exchange(double capacity_factor, bool all_to_one, bool padded = false
   r.overflows = ex.row_capacity_stats().overflows;
   r.grows = ex.row_capacity_stats().grows;
   // Held: the host returns from run() before the stream does unless some node waits for it.
-  CUDA_CHECK(cudaLaunchHostFunc(native_stream(s0), sleep_300ms, nullptr));
+  hold_stream(s0, 300);
   const auto t0 = std::chrono::steady_clock::now();
   ex.run();
   r.held_run_ms =

@@ -5,14 +5,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "cuda_test_util.h"
 #include "meshtrain/graph/executor.h"
@@ -29,14 +27,6 @@ namespace meshtrain::cudatest {
 namespace {
 
 CudaBackend& backend() { return static_cast<CudaBackend&>(cuda_backend()); }
-
-// Blocks a stream for `ms` milliseconds from a host callback, so ordering bugs become visible.
-void CUDART_CB sleep_callback(void* ms) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
-}
-void block_stream(Stream& s, int* ms) {
-  CUDA_CHECK(cudaLaunchHostFunc(native_stream(s), sleep_callback, ms));
-}
 
 TEST(CudaBackend, RegistersAndDescribesTheDevice) {
   ASSERT_TRUE(backend_available("cuda"));
@@ -106,8 +96,8 @@ TEST(CudaBackend, EventOrdersTwoStreams) {
   Tensor b = Tensor::empty(Shape{1 << 20}, DType::kF32, be.allocator());
   Tensor h7 = Tensor::empty(Shape{1 << 20}, DType::kF32, be.host_staging_allocator());
   std::copy(sevens.begin(), sevens.end(), h7.data<float>());
-  static int delay_ms = 200;
-  block_stream(s1, &delay_ms);
+  const int delay_ms = 200;
+  hold_stream(s1, delay_ms);
   be.copy(a.raw(), h7.raw(), a.nbytes(), CopyKind::kHostToDevice, s1);
   auto written = be.create_event(false);
   written->record(s1);
@@ -122,9 +112,9 @@ TEST(CudaBackend, EventOrdersTwoStreams) {
 TEST(CudaBackend, TimingEventsMeasureDeviceTime) {
   CudaBackend& be = backend();
   auto start = be.create_event(true), end = be.create_event(true);
-  static int delay_ms = 50;
+  const int delay_ms = 50;
   start->record(be.stream(0));
-  block_stream(be.stream(0), &delay_ms);
+  hold_stream(be.stream(0), delay_ms);
   end->record(be.stream(0));
   end->synchronize();
   const float ms = end->elapsed_ms(*start);

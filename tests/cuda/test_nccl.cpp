@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <thread>
 
 #include "cuda_test_util.h"
 #include "meshtrain/comm/nccl/nccl_communicator.h"
@@ -138,14 +137,13 @@ TEST(Nccl, SplitAndDeviceMeshOnOneRank) {
 // The stream is blocked for 3 s by a host callback ahead of the all_reduce; with a 0.5 s train
 // timeout, waiting on the stream must end in a CommError naming the op, the communicator and the
 // rank, and the aborted communicator refuses further calls.
-void CUDART_CB sleep_3s(void*) { std::this_thread::sleep_for(std::chrono::seconds(3)); }
 
 TEST(Nccl, HungCollectiveBecomesCommError) {
   Backend& be = cuda_backend();
   auto comm = one_rank("hang", CommTimeouts{.init_seconds = 60, .train_seconds = 0.5});
   Stream& s = be.stream(0);
   Tensor d = to_device(be, host_of(DType::kF32, 256));
-  CUDA_CHECK(cudaLaunchHostFunc(native_stream(s), sleep_3s, nullptr));
+  hold_stream(s, 3000);
   comm->all_reduce(d, ReduceOp::kSum, s);
   const auto t0 = std::chrono::steady_clock::now();
   try {

@@ -139,29 +139,24 @@ TEST(OptimizerOverlap, StepGraphWaitsOncePerStreamAtTheFirstTouch) {
 }
 
 struct RunState {
-  std::vector<double> losses, norms;
+  testing::RunResult steps;
   std::vector<std::vector<uint8_t>> masters, state;
 };
+
+std::vector<uint8_t> bytes_of(const Tensor& host) {
+  std::vector<uint8_t> bytes(host.nbytes());
+  std::memcpy(bytes.data(), host.raw(), host.nbytes());
+  return bytes;
+}
 
 RunState train_and_read(const JobConfig& cfg) {
   Trainer t(cfg, testing::test_runtime());
   RunState r;
-  for (const StepRecord& s : t.train()) {
-    r.losses.push_back(s.loss);
-    r.norms.push_back(s.grad_norm);
-  }
-  for (const ParamInfo& p : t.plan().params()) {
-    Tensor h = t.params().master_to_host(p.name);
-    std::vector<uint8_t> bytes(h.nbytes());
-    std::memcpy(bytes.data(), h.raw(), h.nbytes());
-    r.masters.push_back(std::move(bytes));
-  }
-  for (const ParamGroup& g : t.params().groups())
-    for (const Tensor* m : {&g.exp_avg, &g.exp_avg_sq}) {
-      std::vector<uint8_t> bytes(m->nbytes());
-      std::memcpy(bytes.data(), m->raw(), m->nbytes());  // CPU ranks: host memory
-      r.state.push_back(std::move(bytes));
-    }
+  r.steps = testing::run_train(t);
+  for (const ParamInfo& p : t.plan().params())
+    r.masters.push_back(bytes_of(t.params().master_to_host(p.name)));
+  for (const ParamGroup& g : t.params().groups())  // CPU ranks: the moments are host memory
+    for (const Tensor* m : {&g.exp_avg, &g.exp_avg_sq}) r.state.push_back(bytes_of(*m));
   return r;
 }
 
@@ -172,9 +167,9 @@ void expect_same_run(std::vector<std::string> overrides) {
   overrides.insert(overrides.end(), {"--optimizer.overlap_next_step", "true"});
   JobConfig on = testing::tiny_job(overrides);
   const RunState a = train_and_read(off), b = train_and_read(on);
-  ASSERT_EQ(a.losses.size(), size_t(off.training.steps));
-  EXPECT_EQ(a.losses, b.losses);
-  EXPECT_EQ(a.norms, b.norms);
+  ASSERT_EQ(a.steps.loss.size(), size_t(off.training.steps));
+  EXPECT_EQ(a.steps.loss, b.steps.loss);
+  EXPECT_EQ(a.steps.grad_norm, b.steps.grad_norm);
   ASSERT_EQ(a.masters.size(), b.masters.size());
   for (size_t i = 0; i < a.masters.size(); ++i)
     EXPECT_EQ(a.masters[i], b.masters[i]) << "param " << i;

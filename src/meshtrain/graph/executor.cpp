@@ -200,19 +200,18 @@ void Executor::prepare() {
 
 int Executor::wait_for_external_writes(const std::vector<ExternalWrite>& writes) {
   MT_CHECK(prepared_, "Executor::wait_for_external_writes before prepare()");
-  std::set<std::pair<const Stream*, size_t>> seen;  // (stream, write) already waited for
+  // (stream, event) already waited for: a later node on that stream runs after the wait, whichever
+  // of the event's ranges it touches.
+  std::set<std::pair<const Stream*, const Event*>> seen;
   int added = 0;
   for (Step& s : steps_) {
     auto touch = [&](const Tensor& t) {
       if (!t.defined() || t.nbytes() == 0) return;
       const uintptr_t lo = reinterpret_cast<uintptr_t>(t.raw()), hi = lo + t.nbytes();
-      for (size_t w = 0; w < writes.size(); ++w) {
-        if (writes[w].end <= lo || hi <= writes[w].begin) continue;
-        if (!seen.insert({s.ctx.stream, w}).second) continue;
-        if (std::find(s.waits.begin(), s.waits.end(), writes[w].done) == s.waits.end()) {
-          s.waits.push_back(writes[w].done);
-          ++added;
-        }
+      for (const ExternalWrite& w : writes) {
+        if (w.end <= lo || hi <= w.begin || !seen.insert({s.ctx.stream, w.done}).second) continue;
+        s.waits.push_back(w.done);
+        ++added;
       }
     };
     for (const Tensor& t : s.ctx.in) touch(t);

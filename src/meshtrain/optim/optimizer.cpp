@@ -149,27 +149,28 @@ Optimizer::Optimizer(ParamStore& store, const ops::AdamWParams& params, Backend&
                   s);
     norm_ready_->record(s);
   });
-  if (overlap_) {
-    // The update's collectives (the norm's and the load counts' all-reduces, early in its
-    // schedule) must be over before the next step enqueues its own on the same communicators,
-    // or ranks could interleave the two differently: step() waits for the last of them.
+  // The node among those `pick` takes that the schedule runs last (-1: none).
+  auto last_scheduled = [&](auto pick) {
     NodeId last = -1;
     for (NodeId n : exec_->plan().schedule)
-      if (OpRegistry::instance().op(og_.graph.node(n).op).is_collective()) last = n;
-    if (last >= 0) {
-      collectives_done_ = backend.create_event(false);
-      exec_->after_node(last, [this](Stream& s) { collectives_done_->record(s); });
-    }
+      if (pick(n)) last = n;
+    return last;
+  };
+  // The update's collectives (the norm's and the load counts' all-reduces, early in its
+  // schedule) must be over before the next step enqueues its own on the same communicators, or
+  // ranks could interleave the two differently: step() waits for the last of them.
+  const NodeId last_collective = last_scheduled(
+      [&](NodeId n) { return OpRegistry::instance().op(og_.graph.node(n).op).is_collective(); });
+  if (overlap_ && last_collective >= 0) {
+    collectives_done_ = backend.create_event(false);
+    exec_->after_node(last_collective, [this](Stream& s) { collectives_done_->record(s); });
   }
-  if (!og_.state_nodes.empty()) {
-    // After the load-balancing node the schedule runs last.
-    const std::vector<NodeId>& order = exec_->plan().schedule;
-    NodeId last = -1;
-    for (NodeId n : order)
-      if (std::find(og_.state_nodes.begin(), og_.state_nodes.end(), n) != og_.state_nodes.end())
-        last = n;
+  const NodeId last_state = last_scheduled([&](NodeId n) {
+    return std::find(og_.state_nodes.begin(), og_.state_nodes.end(), n) != og_.state_nodes.end();
+  });
+  if (last_state >= 0) {
     state_ready_ = backend.create_event(false);
-    exec_->after_node(last, [this](Stream& s) { state_ready_->record(s); });
+    exec_->after_node(last_state, [this](Stream& s) { state_ready_->record(s); });
   }
   for (const OptimizerGraph::Slice& slice : og_.slices) {
     slice_done_.push_back(backend.create_event(false));

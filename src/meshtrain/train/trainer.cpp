@@ -177,8 +177,7 @@ std::vector<StepRecord> Trainer::train() {
     }
   }
   in_train_loop_ = false;
-  optimizer_->join(backend_->stream(0));
-  backend_->synchronize();
+  backend_->synchronize();  // every stream: the update's too
   checkpointer_->wait();
   if (interrupted_ != 0) {
     const std::string saved = checkpointer_->latest_complete();

@@ -243,30 +243,19 @@ Figures check_layout(const Options& o, const std::vector<std::string>& extra, do
   return f;
 }
 
-// The logged steps of Trainer::train() (every step: the configs log each one) as a RunResult.
-RunResult run_train_loop(Trainer& t) {
-  RunResult r;
-  for (const StepRecord& rec : t.train()) {
-    r.loss.push_back(rec.loss);
-    r.grad_norm.push_back(rec.grad_norm);
-    r.mtp_loss.push_back(rec.mtp_losses);
-  }
-  return r;
-}
-
-// Runs `a` and `b` on all ranks (step by step, or through train() when `train_loop`); returns the
-// steps whose loss or gradient norm differ in any bit.
+// Runs `a` and `b` on all ranks (step by step, or through train() when `train_loop`: the configs
+// then log every step); returns the steps whose loss or gradient norm differ in any bit.
 int compare_bitwise(const Options& o, Communicator& world, const LaunchInfo& launch,
                     const JobConfig& a_cfg, const JobConfig& b_cfg, const char* a_name,
                     const char* b_name, bool train_loop = false) {
   RunResult a, b;
   {
     Trainer t(a_cfg, world, launch);
-    a = train_loop ? run_train_loop(t) : run(t, o.steps);
+    a = train_loop ? testing::run_train(t) : run(t, o.steps);
   }
   {
     Trainer t(b_cfg, world, launch);
-    b = train_loop ? run_train_loop(t) : run(t, o.steps);
+    b = train_loop ? testing::run_train(t) : run(t, o.steps);
   }
   if (a.loss.size() != size_t(o.steps) || b.loss.size() != size_t(o.steps)) {
     if (world.rank() == 0)
